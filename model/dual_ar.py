@@ -1,0 +1,193 @@
+"""The Fish Speech 1.5 DualAR transformer: a slow LLaMA over frames and a fast LLaMA over the codebooks of a frame.
+
+Owns the architecture and four forward paths: teacher-forced `forward` (training / parity), `prefill` (one slot,
+any start position, so a session can append to its cache), batched one-step `decode_slow` over cache rows
+[0, B), and `fast_step` (one codebook position for B rows). Parameter names equal the official checkpoint's.
+Sampling and the per-frame loop live in `model.frame`; slot scheduling lives in `streaming/`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DualARConfig
+from .kv_cache import KVCache
+from .layers import Attention, Linear, RMSNorm, TransformerBlock, invariant_linear
+from .rope import build_rope_table
+
+
+class DualARTransformer(nn.Module):
+    def __init__(self, config: DualARConfig, semantic_begin_id: int) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.semantic_begin_id = semantic_begin_id
+        # The tokenizer always has 1024 semantic ids, whatever codebook_size is (spec §3).
+        self.semantic_end_id = semantic_begin_id + 1023
+        self.embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.codebook_embeddings = nn.Embedding(c.codebook_size * c.num_codebooks, c.dim)
+        self.layers = nn.ModuleList(
+            TransformerBlock(c.dim, c.n_head, c.n_local_heads, c.intermediate_size, c.attention_qkv_bias, c.norm_eps)
+            for _ in range(c.n_layer)
+        )
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.output = None if c.tie_word_embeddings else Linear(c.dim, c.vocab_size, bias=False)
+        # identity (no keys) when the fast stack is as wide as the slow one, as in the official model
+        self.fast_project_in = Linear(c.dim, c.fast_dim) if c.has_fast_project_in else nn.Identity()
+        self.fast_embeddings = nn.Embedding(c.codebook_size, c.fast_dim)
+        self.fast_layers = nn.ModuleList(
+            TransformerBlock(
+                c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_intermediate_size,
+                bool(c.fast_attention_qkv_bias), c.norm_eps,
+            )
+            for _ in range(c.n_fast_layer)
+        )  # fmt: skip
+        self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
+        self.fast_output = Linear(c.fast_dim, c.codebook_size, bias=False)
+        self.register_buffer("freqs_cis", build_rope_table(c.max_seq_len, c.head_dim, c.rope_base), persistent=False)
+        self.register_buffer(
+            "fast_freqs_cis", build_rope_table(c.num_codebooks, c.fast_head_dim, c.rope_base), persistent=False
+        )
+        self.freqs_cis: torch.Tensor
+        self.fast_freqs_cis: torch.Tensor
+        self.batch_invariant = False
+
+    def set_batch_invariant(self, enabled: bool) -> None:
+        """Make every matmul row-independent (see layers.Linear): a row's output no longer depends on batch size."""
+        self.batch_invariant = enabled
+        for module in self.modules():
+            if isinstance(module, Linear | Attention):
+                module.batch_invariant = enabled
+
+    # ---- caches ------------------------------------------------------------------------------------------------------
+    def make_cache(self, n_slots: int, max_seq_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+        c = self.config
+        weight = self.embeddings.weight
+        return KVCache(
+            c.n_layer, n_slots, c.n_local_heads, max_seq_len or c.max_seq_len, c.head_dim,
+            dtype or weight.dtype, weight.device,
+        )  # fmt: skip
+
+    def make_fast_cache(self, n_slots: int, dtype: torch.dtype | None = None) -> KVCache:
+        c = self.config
+        weight = self.embeddings.weight
+        return KVCache(
+            c.n_fast_layer, n_slots, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim,
+            dtype or weight.dtype, weight.device,
+        )  # fmt: skip
+
+    # ---- pieces ------------------------------------------------------------------------------------------------------
+    def embed(self, inp: torch.Tensor, offset_codebooks: bool = True) -> torch.Tensor:
+        """inp (B, 1+nc, T) → (B, T, dim): token embedding plus, at semantic tokens, the sum of codebook rows."""
+        c = self.config
+        codes = inp[:, 1:]  # (B, nc, T)
+        if offset_codebooks:
+            offsets = torch.arange(c.num_codebooks, device=inp.device).view(1, -1, 1) * c.codebook_size
+            codes = codes + offsets
+        vq_sum = self.codebook_embeddings(codes).sum(dim=1)  # (B, T, dim), summed in codebook order
+        tokens = inp[:, 0]
+        is_semantic = (tokens >= self.semantic_begin_id) & (tokens <= self.semantic_end_id)
+        vq_sum = vq_sum * is_semantic.unsqueeze(-1).to(vq_sum.dtype)
+        return self.embeddings(tokens) + vq_sum
+
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        normed = self.norm(hidden)
+        if self.output is not None:
+            return self.output(normed)
+        if self.batch_invariant:
+            return invariant_linear(normed, self.embeddings.weight)
+        return F.linear(normed, self.embeddings.weight)
+
+    def fast_logits(self, fast_hidden: torch.Tensor) -> torch.Tensor:
+        return self.fast_output(self.fast_norm(fast_hidden))
+
+    # ---- teacher-forced forward (training path; what the parity fixture's forward/* records) -------------------------
+    def forward(self, inp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """inp (B, 1+nc, T) → token_logits (B, T, vocab), codebook_logits (B, T, nc, cs), slow hidden (B, T, dim).
+
+        Position t's fast sequence is [project(hidden_t), E_fast[codes 0..nc-2 of frame t+1]]; positions whose
+        shifted codes are all zero are skipped and their codebook logits are exact zeros (upstream behaviour).
+        """
+        c = self.config
+        bsz, _, seqlen = inp.shape
+        x = self.embed(inp)
+        freqs = self.freqs_cis[:seqlen]
+        for layer in self.layers:
+            x = layer(x, freqs)
+        slow_hidden = x
+        token_logits = self.token_logits(x)
+
+        shifted = F.pad(inp[:, 1:-1, 1:], (0, 1), value=0)  # (B, nc-1, T): codes 0..nc-2 of the next frame
+        fast_in = torch.cat(
+            [self.fast_project_in(x).unsqueeze(1), self.fast_embeddings(shifted)], dim=1
+        )  # (B, nc, T, fast_dim)
+        fast_in = fast_in.permute(0, 2, 1, 3).reshape(bsz * seqlen, c.num_codebooks, c.fast_dim)
+        skip = (shifted.permute(0, 2, 1).reshape(bsz * seqlen, -1) == 0).all(dim=-1)
+        if bool(skip.all()):
+            skip[:8] = False  # upstream keeps the first 8 rows so the fast stack still runs
+        h = fast_in[~skip]
+        for layer in self.fast_layers:
+            h = layer(h, self.fast_freqs_cis)
+        logits = torch.zeros(bsz * seqlen, c.num_codebooks, c.codebook_size, dtype=h.dtype, device=h.device)
+        logits[~skip] = self.fast_logits(h)
+        return token_logits, logits.view(bsz, seqlen, c.num_codebooks, c.codebook_size), slow_hidden
+
+    # ---- cached inference --------------------------------------------------------------------------------------------
+    def _slow_cached(
+        self, inp: torch.Tensor, cache: KVCache, row0: int, input_pos: torch.Tensor, attn_len: int
+    ) -> torch.Tensor:
+        """Run the slow stack over inp (B, 1+nc, T) at positions input_pos (B, T), rows [row0, row0+B)."""
+        bsz = inp.shape[0]
+        view = cache.view(row0, bsz, attn_len)
+        share = self.config.share_codebook_embeddings
+        x = self.embed(inp, offset_codebooks=share)
+        freqs = self.freqs_cis[input_pos]  # (B, T, hd/2, 2)
+        visible = torch.arange(attn_len, device=inp.device).view(1, 1, -1) <= input_pos.unsqueeze(-1)
+        mask = visible.unsqueeze(1)  # (B, 1, T, L)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, freqs, view.k[i], view.v[i], input_pos, mask)
+        return x
+
+    def prefill(
+        self, tokens: torch.Tensor, cache: KVCache, slot: int, start_pos: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write tokens (1+nc, T) into `slot` at positions [start_pos, start_pos+T).
+
+        Returns the last position's slow logits (vocab,) and fast input hidden (fast_dim,). Starting at a nonzero
+        position appends to what the slot already holds (session continuation, chunked prefill).
+        """
+        seqlen = tokens.shape[-1]
+        end = start_pos + seqlen
+        if end > min(cache.max_seq_len, self.config.max_seq_len):
+            raise ValueError(f"prefill to position {end} exceeds the context of {self.config.max_seq_len}")
+        input_pos = torch.arange(start_pos, end, device=tokens.device).unsqueeze(0)
+        x = self._slow_cached(tokens.unsqueeze(0), cache, slot, input_pos, end)
+        last = x[:, -1]
+        return self.token_logits(last)[0], self.fast_project_in(last)[0]
+
+    def decode_slow(
+        self, frames: torch.Tensor, cache: KVCache, input_pos: torch.Tensor, attn_len: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One slow step for cache rows [0, B): frames (B, 1+nc) at input_pos (B,).
+
+        Attends over positions [0, attn_len) masked by each row's own position; attn_len must exceed every
+        input_pos (the engine picks a length bucket; None = the whole cache). The attention length changes
+        summation order, so batch-invariant runs use one fixed length. Returns logits (B, vocab) and fast input
+        hidden (B, fast_dim).
+        """
+        attn_len = attn_len or cache.max_seq_len
+        x = self._slow_cached(frames.unsqueeze(-1), cache, 0, input_pos.unsqueeze(-1), attn_len)[:, 0]
+        return self.token_logits(x), self.fast_project_in(x)
+
+    def fast_step(self, x: torch.Tensor, fast_cache: KVCache, pos: int) -> torch.Tensor:
+        """Fast stack at codebook position `pos` for rows [0, B): x (B, fast_dim) → logits (B, codebook_size)."""
+        bsz = x.shape[0]
+        view = fast_cache.view(0, bsz, pos + 1)  # positions [0, pos] were all written during this frame
+        input_pos = torch.full((bsz, 1), pos, dtype=torch.long, device=x.device)
+        freqs = self.fast_freqs_cis[pos : pos + 1]
+        h = x.unsqueeze(1)
+        for i, layer in enumerate(self.fast_layers):
+            h = layer(h, freqs, view.k[i], view.v[i], input_pos, None)
+        return self.fast_logits(h[:, 0])

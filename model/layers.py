@@ -1,0 +1,153 @@
+"""Transformer building blocks shared by the slow and fast stacks: RMSNorm, GQA attention, SwiGLU, pre-norm block.
+
+Parameter names match the official checkpoint (`attention.wqkv`, `attention.wo`, `feed_forward.w1/w2/w3`,
+`attention_norm`, `ffn_norm`). Attention either attends causally within its input (teacher-forced forward) or
+writes its keys/values into a caller-provided cache view and attends over it; it knows nothing about slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rope import apply_rope
+
+
+class Linear(nn.Linear):
+    """nn.Linear with an optional batch-invariant mode.
+
+    BLAS picks different kernels (and so different summation orders) for different row counts, so a row's result
+    can change in the last bits with the batch it runs in. In batch-invariant mode every row is its own
+    (1, K) @ (K, N) product of one batched call: bitwise the same result alone or beside any other rows, at a
+    throughput cost. The engine turns it on where reproducibility under load is asked for (CPU, and on request).
+    """
+
+    batch_invariant = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.batch_invariant:
+            return F.linear(x, self.weight, self.bias)
+        return invariant_linear(x, self.weight, self.bias)
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear computed row by row in one bmm (see Linear): x (..., K), weight (N, K)."""
+    rows = x.reshape(-1, 1, x.shape[-1])  # (R, 1, K)
+    out = torch.bmm(rows, weight.t().unsqueeze(0).expand(rows.shape[0], -1, -1))  # (R, 1, N)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+class RMSNorm(nn.Module):
+    """Normalise in fp32, cast back, then scale in the model dtype (upstream's order of operations)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def invariant_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Plain softmax attention whose per-row arithmetic does not depend on the batch (SDPA's CPU kernel splits
+    work by batch × heads, which changes the summation order). q (B, H, Q, hd), keys/values (B, H, L, hd)."""
+    scores = (q @ keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ values
+
+
+class Attention(nn.Module):
+    batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
+
+    def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.n_local_heads = n_local_heads
+        self.head_dim = dim // n_head
+        self.dim = dim
+        self.wqkv = Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=qkv_bias)
+        self.wo = Linear(dim, dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, dim)
+        freqs: torch.Tensor,  # (B, T, hd/2, 2) or (T, hd/2, 2)
+        k_cache: torch.Tensor | None = None,  # (B, n_local_heads, L, hd) view, written in place
+        v_cache: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,  # (B, T) absolute positions to write
+        mask: torch.Tensor | None = None,  # (B, 1, T, L) bool, True = visible; None = all of the view visible
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        kv_size = self.n_local_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([self.dim, kv_size, kv_size], dim=-1)
+        q = apply_rope(q.view(bsz, seqlen, self.n_head, self.head_dim), freqs)
+        k = apply_rope(k.view(bsz, seqlen, self.n_local_heads, self.head_dim), freqs)
+        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+
+        group = self.n_head // self.n_local_heads
+        # Query head h reads kv head h // group (upstream's repeat_interleave). Folding the group into the query
+        # length lets every query of a kv head share one K/V read without materialising repeated K/V.
+        q = q.transpose(1, 2).reshape(bsz, self.n_local_heads, group * seqlen, self.head_dim)  # (B, Hkv, G·T, hd)
+        if k_cache is None or v_cache is None:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, hd)
+            causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device).tril()
+            attn_mask: torch.Tensor | None = causal.repeat(group, 1)  # (G·T, T)
+        else:
+            assert input_pos is not None
+            rows = torch.arange(bsz, device=x.device).unsqueeze(1)  # (B, 1)
+            k_cache[rows, :, input_pos] = k.to(k_cache.dtype)  # indexes (B, T, Hkv, hd)
+            v_cache[rows, :, input_pos] = v.to(v_cache.dtype)
+            keys, values = k_cache, v_cache
+            attn_mask = None
+            if mask is not None:
+                attn_mask = mask.unsqueeze(2).expand(bsz, 1, group, seqlen, mask.shape[-1])
+                attn_mask = attn_mask.reshape(bsz, 1, group * seqlen, mask.shape[-1])
+        if self.batch_invariant:
+            y = invariant_attention(q, keys, values, attn_mask)
+        else:
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, Hkv, G·T, hd)
+        y = y.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2).reshape(bsz, seqlen, self.dim)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.w1 = Linear(dim, intermediate_size, bias=False)
+        self.w3 = Linear(dim, intermediate_size, bias=False)
+        self.w2 = Linear(intermediate_size, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(
+        self, dim: int, n_head: int, n_local_heads: int, intermediate_size: int, qkv_bias: bool, norm_eps: float
+    ) -> None:
+        super().__init__()
+        self.attention = Attention(dim, n_head, n_local_heads, qkv_bias)
+        self.feed_forward = FeedForward(dim, intermediate_size)
+        self.attention_norm = RMSNorm(dim, norm_eps)
+        self.ffn_norm = RMSNorm(dim, norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        freqs: torch.Tensor,
+        k_cache: torch.Tensor | None = None,
+        v_cache: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs, k_cache, v_cache, input_pos, mask)
+        return h + self.feed_forward(self.ffn_norm(h))

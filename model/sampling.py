@@ -1,0 +1,93 @@
+"""Token sampling exactly as upstream Fish Speech 1.5, batched with per-row parameters, plus counter-based noise.
+
+Order (spec §2.3): repetition penalty over a window (once per distinct id) → top-p on the *untempered* logits →
+temperature (clamped at 1e-5, so 0 means greedy) → softmax → exponential race `argmax(probs / q)`. The noise `q` is
+an input: parity tests feed upstream's recorded draws, the engine feeds `exponential_noise`, a stateless hash of
+(seed, step, stream, index) so a seeded stream never depends on what else runs. No host syncs anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Upstream divides by max(temperature, 1e-5): temperature 0 means greedy.
+MIN_TEMPERATURE = 1e-5
+# Constants of a 32-bit integer hash ("lowbias32" family). Both are < 2**31 so that a product with a 32-bit value
+# stays below 2**63 and int64 tensor arithmetic never overflows.
+HASH_MUL_1 = 0x21F0AAAD
+HASH_MUL_2 = 0x735A2D97
+MASK_32 = 0xFFFFFFFF
+# Distinct salts keep the hash inputs (seed, step, stream, index) from aliasing each other.
+SALT_STEP = 0x5BD1E995
+SALT_STREAM = 0x27D4EB2F
+SALT_SEED_HI = 0x165667B1
+
+
+def apply_repetition_penalty(logits: torch.Tensor, window: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """logits (B, V), window (B, W) ids, penalty (B,) → new logits; each distinct id is penalised once."""
+    window = window.long()
+    score = torch.gather(logits, 1, window)
+    rp = penalty.to(logits.dtype).unsqueeze(1)
+    score = torch.where(score < 0, score * rp, score / rp)
+    return logits.scatter(1, window, score)
+
+
+def logits_to_probs(
+    logits: torch.Tensor,  # (B, V)
+    window: torch.Tensor | None,  # (B, W) or None for no penalty
+    temperature: torch.Tensor,  # (B,)
+    top_p: torch.Tensor,  # (B,)
+    repetition_penalty: torch.Tensor,  # (B,)
+) -> torch.Tensor:
+    if window is not None:
+        logits = apply_repetition_penalty(logits, window, repetition_penalty)
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+    cum_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    remove_sorted = cum_probs > top_p.to(cum_probs.dtype).unsqueeze(1)
+    remove_sorted[:, 0] = False  # always keep the most likely token
+    remove = remove_sorted.scatter(1, sorted_idx, remove_sorted)
+    logits = logits.masked_fill(remove, float("-inf"))
+    logits = logits / torch.clamp(temperature.to(logits.dtype), min=MIN_TEMPERATURE).unsqueeze(1)
+    return torch.softmax(logits, dim=-1)
+
+
+def sample_index(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Exponential race: argmax(probs / q) with q ~ Exp(1) i.i.d. is a draw from probs. (B, V) → (B,) int64."""
+    return torch.argmax(probs / q, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    window: torch.Tensor | None,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    q: torch.Tensor,
+) -> torch.Tensor:
+    return sample_index(logits_to_probs(logits, window, temperature, top_p, repetition_penalty), q)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """Bijective 32-bit integer hash on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * HASH_MUL_1) & MASK_32
+    x = x ^ (x >> 15)
+    x = (x * HASH_MUL_2) & MASK_32
+    return x ^ (x >> 15)
+
+
+def exponential_noise(seed: torch.Tensor, step: torch.Tensor, stream: int, n: int) -> torch.Tensor:
+    """Counter-based Exp(1) noise: (B, n) float32 from per-row seed (B,) int64 and step (B,) int64.
+
+    Element [b, i] depends only on (seed[b], step[b], stream, i), so a row's draws are identical whatever batch it
+    runs in. `stream` separates the main token (0) from codebook j (j). 24-bit uniforms in (0, 1) → -log(u).
+    """
+    seed_lo = seed & MASK_32
+    seed_hi = (seed >> 32) & MASK_32
+    key = _mix32(seed_lo ^ _mix32(seed_hi ^ SALT_SEED_HI))
+    key = _mix32(key ^ _mix32((step & MASK_32) ^ SALT_STEP))
+    key = _mix32(key ^ ((stream * SALT_STREAM) & MASK_32))  # (B,)
+    index = torch.arange(n, device=seed.device, dtype=torch.int64)
+    bits = _mix32(_mix32(key.unsqueeze(1) ^ index.unsqueeze(0)) ^ key.unsqueeze(1))  # (B, n)
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(uniform)
