@@ -92,5 +92,7 @@ def manifests_dir() -> Path | None:
 def params(sets: list[FixtureSet]):
     """pytest parameters for a list of sets; an empty list yields one skipped case that says why."""
     if not sets:
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"no fixture sets of this kind under {fixtures_root()}"))]
+        return [
+            pytest.param(None, marks=pytest.mark.skip(reason=f"no fixture sets of this kind under {fixtures_root()}"))
+        ]
     return [pytest.param(s, id=s.name) for s in sets]

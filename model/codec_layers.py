@@ -1,0 +1,129 @@
+"""Causal convolution layers of the firefly codec, usable offline (zero left padding) or with carried state.
+
+Owns `CausalConv1d` (upstream FishConvNet), `CausalConvTranspose1d` (FishTransConvNet), `ConvNeXtBlock` and the
+`LeftContext` seam: a layer given a context takes its left input history from it instead of zeros and hands back
+its newest inputs, so chunked decoding equals offline decoding. Parameter names match upstream (`<m>.conv.weight`);
+weight norm is folded before loading (see codec_checkpoint). Slots, buffers and batching live in vocoder_stream.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ConvNeXt block constants from upstream (LayerNorm eps, MLP expansion ratio).
+CONVNEXT_NORM_EPS = 1e-6
+CONVNEXT_MLP_RATIO = 4
+
+
+class LeftContext(Protocol):
+    """Supplies a stateful layer's previous inputs and records its newest ones (implemented by vocoder_stream)."""
+
+    def extend(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Return `cat(previous inputs (B, C, W), x)` along time and remember its last W steps as the new state."""
+        ...
+
+
+class CausalLayer(nn.Module):
+    """A layer whose output at step t depends on inputs up to t only; `context_shape` = (channels, history)."""
+
+    weight_normed: bool = False  # upstream wraps the conv in weight norm (its checkpoint stores g and v)
+
+    @property
+    def context_shape(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class CausalConv1d(CausalLayer):
+    """Conv1d with left zero padding `(k-1)·d − (s−1)` and right padding only to complete a partial stride."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        dilation: int = 1,
+        stride: int = 1,
+        groups: int = 1,
+        weight_normed: bool = False,
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, stride=stride, dilation=dilation, groups=groups)
+        self.stride = stride
+        self.dilation = dilation
+        self.groups = groups
+        self.span = (kernel_size - 1) * dilation + 1  # effective kernel size
+        self.left_pad = self.span - stride
+        self.weight_normed = weight_normed
+
+    @property
+    def context_shape(self) -> tuple[int, int]:
+        if self.stride != 1:
+            raise ValueError("strided convolutions (encoder only) cannot carry streaming state")
+        return (self.conv.in_channels, self.left_pad)
+
+    def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, C_in, T)
+        if ctx is not None and self.left_pad > 0:
+            x = ctx.extend(self, x)
+            right = 0
+        else:
+            length = x.shape[-1]
+            n_out = math.ceil((length - self.span + self.left_pad) / self.stride) + 1
+            right = (n_out - 1) * self.stride + self.span - self.left_pad - length
+            x = F.pad(x, (self.left_pad, right))
+        w, b = self.conv.weight, self.conv.bias
+        return F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
+
+
+class CausalConvTranspose1d(CausalLayer):
+    """ConvTranspose1d whose output is trimmed by `k − s` on the right, so T frames give exactly T·s samples.
+
+    Offline, output sample t sums input frames ⌈(t−k+1)/s⌉…⌊t/s⌋; with a context the layer prepends the last
+    `⌈k/s⌉ − 1` input frames and keeps only the outputs of the new frames, which reproduces the offline sums.
+    """
+
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, *, stride: int, weight_normed: bool = False
+    ) -> None:
+        super().__init__()
+        if kernel_size < stride:
+            raise ValueError(f"transposed conv kernel {kernel_size} shorter than its stride {stride} leaves gaps")
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.stride = stride
+        self.history_frames = -(-kernel_size // stride) - 1
+        self.weight_normed = weight_normed
+
+    @property
+    def context_shape(self) -> tuple[int, int]:
+        return (self.conv.in_channels, self.history_frames)
+
+    def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, C_in, T)
+        n_new = x.shape[-1]
+        skip = 0
+        if ctx is not None and self.history_frames > 0:
+            x = ctx.extend(self, x)
+            skip = self.history_frames * self.stride
+        y = F.conv_transpose1d(x, self.conv.weight, self.conv.bias, stride=self.stride)
+        return y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv → LayerNorm over channels → Linear(4×) → exact GELU → Linear → ·gamma → residual."""
+
+    def __init__(self, dim: int, kernel_size: int = 7) -> None:
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel_size, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=CONVNEXT_NORM_EPS)
+        self.pwconv1 = nn.Linear(dim, CONVNEXT_MLP_RATIO * dim)
+        self.pwconv2 = nn.Linear(CONVNEXT_MLP_RATIO * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, D, T)
+        h = self.dwconv(x, ctx).transpose(1, 2)  # (B, T, D)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)

@@ -1,0 +1,101 @@
+"""Stateful, batched, causal streaming decoder for the firefly codec: many independent slots (sessions).
+
+Owns one preallocated state buffer `(max_slots, state_numel)` holding, per slot, every causal layer's last inputs
+(each conv's `(k−1)·d` steps, each transposed conv's `⌈k/s⌉−1` frames) at fixed offsets. A call gathers the rows
+of its slots, runs the codec's own decode code with those rows as left context, and scatters the new rows back,
+so concatenated chunks equal one offline decode. Shapes depend only on (B, F); there are no host syncs or
+data-dependent branches, so a call can be captured in a CUDA graph. It knows nothing about sessions or queues.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .vocoder import FireflyCodec
+
+
+class _SlotContext:
+    """LeftContext for one call: slices of the gathered state rows in, newest layer inputs out."""
+
+    def __init__(self, layout: dict[int, tuple[int, int, int]], prev: torch.Tensor) -> None:
+        self._layout = layout
+        self._prev = prev  # (B, state_numel)
+        self._new: dict[int, torch.Tensor] = {}
+
+    def extend(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        offset, channels, width = self._layout[id(layer)]
+        prev = self._prev[:, offset : offset + channels * width].view(-1, channels, width)  # (B, C, W)
+        xin = torch.cat([prev, x], dim=-1)  # (B, C, W + T)
+        self._new[id(layer)] = xin[..., -width:]
+        return xin
+
+    def new_state(self) -> torch.Tensor:
+        """The next state rows (B, state_numel), in layout order."""
+        missing = [k for k in self._layout if k not in self._new]
+        if missing:
+            raise RuntimeError(f"{len(missing)} causal layers were not run in this decode call")
+        bsz = self._prev.shape[0]
+        return torch.cat([self._new[k].reshape(bsz, -1) for k in self._layout], dim=1)
+
+
+class StreamingDecoder:
+    """Chunked decode for up to `max_slots` independent streams sharing one codec.
+
+    `decode(codes (B, rows, F), slots (B,))` returns `(B, F·samples_per_frame)` audio that continues each slot's
+    previous chunks exactly; `reset(slots)` starts those slots afresh (zero history = a new utterance). Slots in one
+    call must be distinct. State lives on the codec's device in its dtype (run without autocast). The decoder is
+    bound to this codec object: its layers are found by identity, so build a new decoder for a copied codec.
+    """
+
+    def __init__(
+        self,
+        codec: FireflyCodec,
+        max_slots: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if max_slots < 1:
+            raise ValueError(f"max_slots must be at least 1, got {max_slots}")
+        weight = codec.head.conv_pre.conv.weight
+        self.device = weight.device
+        self.dtype = weight.dtype
+        wanted = torch.device(device) if device is not None else weight.device
+        same_device = wanted.type == weight.device.type and wanted.index in (None, weight.device.index)
+        if not same_device or (dtype is not None and dtype != weight.dtype):
+            raise ValueError(
+                f"streaming state ({wanted}, {dtype}) must match the codec ({weight.device}, "
+                f"{weight.dtype}); load the codec with that device and dtype"
+            )
+        self.codec = codec
+        self.max_slots = max_slots
+        self.samples_per_frame = codec.config.samples_per_frame
+        self._layout: dict[int, tuple[int, int, int]] = {}
+        offset = 0
+        for layer in codec.causal_layers():
+            channels, width = layer.context_shape
+            self._layout[id(layer)] = (offset, channels, width)
+            offset += channels * width
+        self.state_numel = offset
+        self.state = torch.zeros(max_slots, offset, device=self.device, dtype=self.dtype)
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        return self.state_numel * self.state.element_size()
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """Forget the history of `slots` (LongTensor (B,) on the state's device); in place, no sync."""
+        self.state.index_fill_(0, slots, 0)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Codes (B, rows, F) int + slots (B,) LongTensor → audio (B, F·samples_per_frame); updates state in place."""
+        if codes.ndim != 3 or slots.ndim != 1 or slots.shape[0] != codes.shape[0]:
+            raise ValueError(
+                f"need codes (B, rows, F) and slots (B,), got {tuple(codes.shape)} and {tuple(slots.shape)}"
+            )
+        prev = self.state.index_select(0, slots)  # (B, state_numel)
+        ctx = _SlotContext(self._layout, prev)
+        audio = self.codec.decode_with_context(codes, ctx)  # (B, F·spf)
+        self.state.index_copy_(0, slots, ctx.new_state())
+        return audio

@@ -1,0 +1,148 @@
+"""Streaming decoder: chunked == offline for many chunk schedules, batched slots == solo, reset, no drift over
+1000+ frames (checked against the offline decode and a windowed re-decode oracle), clamping, argument errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from model.vocoder_stream import StreamingDecoder
+
+from .codec_testing import decode_chunked, fixture_codec, one_thread, small_codec
+from .fixture_sets import firefly_sets, params
+
+_ = one_thread
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SCHEDULES = [[1, 3, 8, 5, 7], [3], [8], [24], [2, 1, 13]]
+# Past frames that fully determine a frame's audio (spec §4.3: ≤ 15, 16 with margin): the re-decode oracle.
+ORACLE_CONTEXT_FRAMES = 16
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("fs", params(firefly_sets()))
+def test_chunked_equals_upstream_offline(fs):
+    codec, t = fixture_codec(fs.path), fs.tensors()
+    spf = codec.config.samples_per_frame
+    codes = t["codes_long"][..., :24]
+    reference = t["audio_long"][:, 0, : 24 * spf]  # upstream offline decode of all frames
+    ours_offline = codec.decode(codes)
+    stream = StreamingDecoder(codec, max_slots=3)
+    slot = torch.tensor([1])
+    for schedule in SCHEDULES:
+        stream.reset(slot)
+        chunked = decode_chunked(stream, codes, slot, schedule)
+        assert _max_diff(chunked, reference) <= 1e-4, schedule
+        assert _max_diff(chunked, ours_offline) <= 1e-5, schedule
+
+
+def test_batched_slots_equal_solo_and_reset():
+    codec = small_codec()
+    rows, cs = codec.config.rows, codec.config.codebook_size
+    torch.manual_seed(1)
+    codes = torch.randint(0, cs, (3, rows, 40))
+    stream = StreamingDecoder(codec, max_slots=6)
+    solo = StreamingDecoder(codec, max_slots=1)
+    only = torch.tensor([0])
+    # Give slots 4 and 1 different histories (20 and 7 frames), slot 2 none.
+    stream.decode(codes[0:1, :, :20], torch.tensor([4]))
+    stream.decode(codes[1:2, :, :7], torch.tensor([1]))
+    slots = torch.tensor([4, 1, 2])
+    starts = [20, 7, 0]
+    new = torch.stack([codes[i, :, s : s + 9] for i, s in enumerate(starts)])  # (3, rows, 9)
+    batched = stream.decode(new, slots)
+    for i, s in enumerate(starts):
+        solo.reset(only)
+        expected = decode_chunked(solo, codes[i : i + 1, :, : s + 9], only, [s + 9])[:, s * 128 :]
+        assert _max_diff(batched[i : i + 1], expected) <= 1e-5, i
+    # After a reset, a slot decodes like a fresh stream regardless of what it held.
+    stream.reset(torch.tensor([4]))
+    fresh = stream.decode(codes[2:3, :, :5], torch.tensor([4]))
+    assert _max_diff(fresh, codec.decode(codes[2:3, :, :5])) <= 1e-5
+    # A slot untouched by the reset keeps its history.
+    cont = stream.decode(codes[1:2, :, 16:18], torch.tensor([1]))
+    assert _max_diff(cont, codec.decode(codes[1:2, :, :18])[:, 16 * 128 :]) <= 1e-5
+
+
+def test_no_drift_over_1000_frames():
+    codec = small_codec()
+    spf = codec.config.samples_per_frame
+    torch.manual_seed(2)
+    n_frames = 1200
+    codes = torch.randint(0, codec.config.codebook_size, (2, codec.config.rows, n_frames))
+    stream = StreamingDecoder(codec, max_slots=4)
+    audio = decode_chunked(stream, codes, torch.tensor([3, 0]), [1, 3, 8, 24, 40, 7, 64, 2])
+    offline = codec.decode(codes)
+    assert offline.abs().max() > 0.05
+    errors = (audio - offline).abs().view(2, n_frames, spf).amax(dim=(0, 2))  # per frame
+    assert errors.max().item() <= 1e-5
+    assert errors[-100:].max().item() <= 1e-5
+    # Independent oracle: re-decode the last frames from 16 frames of left context only.
+    start = n_frames - 10
+    window = codec.decode(codes[..., start - ORACLE_CONTEXT_FRAMES :])[:, ORACLE_CONTEXT_FRAMES * spf :]
+    assert _max_diff(audio[:, start * spf :], window) <= 1e-5
+
+
+def test_stream_clamps_and_counts():
+    codec = small_codec()
+    stream = StreamingDecoder(codec, max_slots=2)
+    codes = torch.full((1, codec.config.rows, 2), 1010)
+    before = codec.clamped_codes.item()
+    audio = stream.decode(codes, torch.tensor([0]))
+    assert torch.isfinite(audio).all()
+    assert codec.clamped_codes.item() - before == codes.numel()
+
+
+def test_state_layout_and_errors():
+    codec = small_codec()
+    stream = StreamingDecoder(codec, max_slots=2)
+    assert stream.state.shape == (2, stream.state_numel)
+    # 2 upsample dwconvs + conv_pre + conv_post + per stage (1 transposed conv + 3 kernels × 3 dilations × 2 convs)
+    assert len(codec.causal_layers()) == 2 + 1 + 1 + 5 * (1 + 18)
+    with pytest.raises(ValueError, match="slots"):
+        stream.decode(torch.zeros(2, codec.config.rows, 1, dtype=torch.long), torch.tensor([0]))
+    with pytest.raises(ValueError, match="max_slots"):
+        StreamingDecoder(codec, max_slots=0)
+    with pytest.raises(ValueError, match="must match the codec"):
+        StreamingDecoder(codec, max_slots=1, dtype=torch.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode:UserWarning")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_equals_eager_without_syncs():
+    codec = copy.deepcopy(small_codec()).to("cuda")
+    rows, cs = codec.config.rows, codec.config.codebook_size
+    torch.manual_seed(3)
+    codes = torch.randint(0, cs + 24, (2, rows, 12), device="cuda")  # includes out-of-range codes
+    slots = torch.tensor([3, 1], device="cuda")
+    eager, graphed = StreamingDecoder(codec, max_slots=4), StreamingDecoder(codec, max_slots=4)
+    static_codes = codes[..., :3].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture (cuDNN/cuBLAS handles, allocator)
+        graphed.decode(static_codes, slots)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = graphed.decode(static_codes, slots)
+    graphed.reset(slots)
+    eager_chunks, graph_chunks = [], []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for start in range(0, 12, 3):
+            eager_chunks.append(eager.decode(codes[..., start : start + 3], slots))  # raises on a host sync
+            static_codes.copy_(codes[..., start : start + 3])
+            graph.replay()
+            graph_chunks.append(static_out.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    offline = codec.decode(codes)
+    assert _max_diff(torch.cat(eager_chunks, -1), offline) <= 1e-5
+    assert _max_diff(torch.cat(graph_chunks, -1), offline) <= 1e-5
