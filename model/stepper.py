@@ -1,0 +1,212 @@
+"""Batched, graph-capturable DualAR decoding over many rows: per-row device state and one step function.
+
+Owns the KV caches and every per-row tensor the decode step reads or updates (last frame, position, repetition
+window, noise seed and counter, sampling parameters, commit flag) at fixed addresses, so one CUDA graph per batch
+bucket (and attention-length bucket) replays over rows [0, B) with no host work but filling the commit flags.
+A step advances only rows whose commit flag is set; other rows in the bucket (idle sessions, free rows, stalled
+streams) compute and discard. Knows nothing about sessions or text: the engine maps sessions to rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from .dual_ar import DualARTransformer
+from .frame import PENALTY_WINDOW_FRAMES, SamplingTensors, sample_frame
+from .sampling import exponential_noise
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    temperature: float
+    top_p: float
+    repetition_penalty: float
+    seed: int
+
+
+def power_of_two_buckets(limit: int) -> list[int]:
+    """1, 2, 4, … up to and including `limit` (which need not be a power of two)."""
+    out, b = [], 1
+    while b < limit:
+        out.append(b)
+        b *= 2
+    out.append(limit)
+    return out
+
+
+class DecodeStepper:
+    def __init__(
+        self,
+        model: DualARTransformer,
+        n_rows: int,
+        *,
+        max_seq_len: int | None = None,
+        use_cuda_graphs: bool = False,
+        length_buckets: list[int] | None = None,
+    ) -> None:
+        self.model = model
+        c = model.config
+        self.n_rows = n_rows
+        self.max_seq_len = min(max_seq_len or c.max_seq_len, c.max_seq_len)
+        self.cache = model.make_cache(n_rows, self.max_seq_len)
+        self.fast_cache = model.make_fast_cache(n_rows)
+        # batch-invariant runs attend over one fixed length; otherwise the smallest bucket covering all rows
+        full = self.cache.max_seq_len
+        self.length_buckets = sorted({min(b, full) for b in (length_buckets or [full])} | {full})
+        self.batch_buckets = power_of_two_buckets(n_rows)
+        device = model.embeddings.weight.device
+        self.device = device
+        width = 1 + c.num_codebooks
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.frame = zeros(n_rows, width)  # last sampled frame, to be fed at `pos`
+        self.pos = zeros(n_rows)
+        self.window = zeros(n_rows, width, PENALTY_WINDOW_FRAMES)  # ring buffer of loop frames
+        self.loop_step = zeros(n_rows)  # frames produced by decode steps in the current segment
+        self.seed = zeros(n_rows)
+        self.noise_step = zeros(n_rows)  # per-stream noise counter (never reset within a session)
+        self.temperature = zeros(n_rows, dtype=torch.float32)
+        self.top_p = zeros(n_rows, dtype=torch.float32)
+        self.repetition_penalty = zeros(n_rows, dtype=torch.float32)
+        self.commit = zeros(n_rows, dtype=torch.bool)
+        self.out = zeros(n_rows, width)
+        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
+        self._prefill_fast_cache = model.make_fast_cache(1)
+
+    # ---- row state (host calls, outside graphs) ----------------------------------------------------------------------
+    def set_sampling(self, row: int, s: RowSampling) -> None:
+        self.temperature[row] = s.temperature
+        self.top_p[row] = s.top_p
+        self.repetition_penalty[row] = s.repetition_penalty
+        self.seed[row] = s.seed
+
+    def set_noise_step(self, row: int, step: int) -> None:
+        self.noise_step[row] = step
+
+    @torch.inference_mode()
+    def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write tokens (1+nc, T) into `row` from `start_pos`; returns the last position's (logits, fast hidden)."""
+        return self.model.prefill(tokens.to(self.device), self.cache, row, start_pos)
+
+    @torch.inference_mode()
+    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> torch.Tensor:
+        """Sample a segment's first frame from the prefill output (no repetition penalty, as upstream).
+
+        The row then holds that frame at `next_pos`, an empty window, and is ready for decode steps.
+        Returns the frame (1+nc,) on the device.
+        """
+        params = SamplingTensors(
+            self.temperature[row : row + 1], self.top_p[row : row + 1], self.repetition_penalty[row : row + 1]
+        )
+        seed, step = self.seed[row : row + 1], self.noise_step[row : row + 1]
+        frame = sample_frame(
+            self.model, logits.unsqueeze(0), hidden.unsqueeze(0), self._prefill_fast_cache, params,
+            lambda stream, n: exponential_noise(seed, step, stream, n),
+        )[0]  # fmt: skip
+        self.frame[row] = frame
+        self.pos[row] = next_pos
+        self.window[row] = 0
+        self.loop_step[row] = 0
+        self.noise_step[row] += 1
+        return frame
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Move a stream from row src to row dst (KV positions [0, length) and all per-row state)."""
+        if src == dst:
+            return
+        self.cache.move_slot(src, dst, length)
+        for t in self._row_tensors():
+            t[dst] = t[src]
+
+    def swap_rows(self, a: int, b: int, length_a: int, length_b: int, spare: int) -> None:
+        """Exchange two rows through a free `spare` row."""
+        self.move_row(a, spare, length_a)
+        self.move_row(b, a, length_b)
+        self.move_row(spare, b, length_a)
+
+    def _row_tensors(self) -> list[torch.Tensor]:
+        return [
+            self.frame, self.pos, self.window, self.loop_step, self.seed, self.noise_step,
+            self.temperature, self.top_p, self.repetition_penalty,
+        ]  # fmt: skip
+
+    # ---- the step ----------------------------------------------------------------------------------------------------
+    def bucket_for(self, rows: int, max_pos: int) -> tuple[int, int]:
+        """(batch bucket ≥ rows, attention-length bucket > max_pos)."""
+        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, rows)]
+        n = self.length_buckets[bisect.bisect_right(self.length_buckets, max_pos)]
+        return b, n
+
+    def _step_impl(self, rows: int, attn_len: int) -> None:
+        """Advance committed rows in [0, rows) by one frame; every write goes to fixed-address tensors."""
+        c = self.model.config
+        frame, pos, commit = self.frame[:rows], self.pos[:rows], self.commit[:rows]
+        logits, hidden = self.model.decode_slow(frame, self.cache, pos, attn_len)
+        seed, step = self.seed[:rows], self.noise_step[:rows]
+        params = SamplingTensors(self.temperature[:rows], self.top_p[:rows], self.repetition_penalty[:rows])
+        new = sample_frame(
+            self.model, logits, hidden, self.fast_cache, params,
+            lambda stream, n: exponential_noise(seed, step, stream, n),
+            window=self.window[:rows],
+        )  # fmt: skip
+        keep = commit.unsqueeze(1)
+        self.out[:rows] = new
+        frame.copy_(torch.where(keep, new, frame))
+        slot = (self.loop_step[:rows] % PENALTY_WINDOW_FRAMES).view(rows, 1, 1).expand(rows, 1 + c.num_codebooks, 1)
+        old = torch.gather(self.window[:rows], 2, slot)
+        self.window[:rows].scatter_(2, slot, torch.where(keep.unsqueeze(2), new.unsqueeze(2), old))
+        inc = commit.to(torch.int64)
+        pos.add_(inc)
+        self.loop_step[:rows].add_(inc)
+        step.add_(inc)
+
+    @torch.inference_mode()
+    def step(self, rows: int, max_pos: int) -> torch.Tensor:
+        """One decode step for rows [0, rows) (set `commit` first). Returns new frames (rows, 1+nc) on the host —
+        the step's only device→host copy. Positions must stay below `max_seq_len`."""
+        bucket, attn_len = self.bucket_for(rows, max_pos)
+        if self.use_cuda_graphs:
+            graph = self._graphs.get((bucket, attn_len))
+            if graph is None:
+                graph = self.capture(bucket, attn_len)
+            graph.replay()
+        else:
+            self._step_impl(bucket, attn_len)
+        return self.out[:rows].to("cpu", copy=True)  # a copy: `out` is overwritten by the next step
+
+    @torch.inference_mode()
+    def capture(self, bucket: int, attn_len: int) -> torch.cuda.CUDAGraph:
+        """Capture the step for one (batch bucket, attention length); state is saved and restored around warm-up."""
+        saved = [t.clone() for t in self._row_tensors()]
+        commit = self.commit.clone()
+        self.commit.zero_()  # warm-up and capture runs must not advance anything
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step_impl(bucket, attn_len)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._step_impl(bucket, attn_len)
+        for t, s in zip(self._row_tensors(), saved, strict=True):
+            t.copy_(s)
+        self.commit.copy_(commit)
+        self._graphs[(bucket, attn_len)] = graph
+        return graph
+
+    def capture_all(self) -> int:
+        """Capture every (batch, length) bucket up front (cold start); returns how many graphs exist."""
+        if self.use_cuda_graphs:
+            for b in self.batch_buckets:
+                for n in self.length_buckets:
+                    if (b, n) not in self._graphs:
+                        self.capture(b, n)
+        return len(self._graphs)

@@ -1,0 +1,209 @@
+"""The engine's only door into `model/`: loads a checkpoint folder and exposes the few operations the worker needs.
+
+Owns device/dtype choice, the DualAR stepper (KV rows, graph-captured decode), the streaming vocoder (one state
+slot per session), prompt tokens, reference encoding and warm-up. Everything here runs on the worker thread.
+Knows nothing about sessions, queues or asyncio; callers speak in rows, slots, token tensors and numpy arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.audio_prep import to_codec_audio
+from model.checkpoint import load_dual_ar
+from model.codec_checkpoint import load_codec
+from model.prompt import PromptBuilder
+from model.stepper import DecodeStepper, RowSampling
+from model.vocoder import FireflyCodec
+from model.vocoder_stream import StreamingDecoder
+
+log = logging.getLogger(__name__)
+
+# Optional metadata file in a checkpoint folder (fishgate's own; official folders don't have it).
+METADATA_FILE = "fishgate.json"
+# upstream's inference engine passes max_length=4096 to generate_long (history window size)
+HISTORY_MAX_LENGTH = 4096
+# Attention-length buckets on GPU (positions); the full cache length is always added.
+GPU_LENGTH_BUCKETS = (512, 1024, 2048, 4096)
+
+
+def default_checkpoint() -> Path:
+    """The embedded default model shipped inside the package (model/default_model)."""
+    return Path(str(resources.files("model") / "default_model"))
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    checkpoint: Path | None = None  # None = the embedded default model
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_sessions: int = 8
+    max_seq_len: int | None = None  # lower the context to save memory (default: the model's)
+    batch_invariant: bool | None = None  # None = on for CPU (bitwise reproducible under load), off on GPU
+    cuda_graphs: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    untrained: bool  # a random-weight model: its output is noise
+    max_frames_per_char: float | None  # cap on frames per input character (untrained models never stop alone)
+    sample_rate_hz: int
+    samples_per_frame: int
+    num_codebooks: int
+    max_seq_len: int
+    device: str
+    dtype: str
+
+
+class Backend:
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        folder = config.checkpoint or default_checkpoint()
+        self.device = _pick_device(config.device)
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        self.timings_s: dict[str, float] = {}
+
+        t0 = time.perf_counter()
+        loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len)
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        invariant = self.device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
+        self.model.set_batch_invariant(invariant)
+        self.batch_invariant = invariant
+        # the codec decodes in fp32 on CPU and bf16 on GPU; the encoder (references) always runs fp32
+        self.codec = load_codec(folder, device=self.device, dtype=dtype, with_encoder=False)
+        self._encoder_folder = folder
+        self._encoder: FireflyCodec | None = None
+        self.timings_s["load_weights"] = time.perf_counter() - t0
+
+        meta = _read_metadata(folder)
+        c = self.model.config
+        n_rows = config.max_sessions + 1  # one scratch row for swaps
+        self.stepper = DecodeStepper(
+            self.model,
+            n_rows,
+            max_seq_len=config.max_seq_len,
+            use_cuda_graphs=config.cuda_graphs,
+            length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
+        )
+        self.vocoder = StreamingDecoder(self.codec, max_slots=config.max_sessions)
+        self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
+        self.im_end_id = self.tokenizer.im_end_id
+        self.max_seq_len = self.stepper.max_seq_len
+        self.history_max_length = min(HISTORY_MAX_LENGTH, self.max_seq_len)
+        self.info = ModelInfo(
+            name=str(meta.get("name") or folder.name),
+            untrained=bool(meta.get("untrained", False)),
+            max_frames_per_char=meta.get("max_frames_per_char"),
+            sample_rate_hz=self.codec.config.spec_transform.sample_rate,
+            samples_per_frame=self.codec.config.samples_per_frame,
+            num_codebooks=c.num_codebooks,
+            max_seq_len=self.max_seq_len,
+            device=str(self.device),
+            dtype=str(dtype).removeprefix("torch."),
+        )
+        log.info(
+            "loaded %s from %s on %s (%s) in %.2f s%s",
+            self.info.name, folder, self.device, self.info.dtype, self.timings_s["load_weights"],
+            " — UNTRAINED random weights: output is noise" if self.info.untrained else "",
+        )  # fmt: skip
+
+    # ---- prompts ---------------------------------------------------------------------------------------------------
+    def prefix_tokens(self, references: Sequence[tuple[str, np.ndarray]]) -> torch.Tensor | None:
+        return self.builder.prefix([(text, torch.from_numpy(codes)) for text, codes in references])
+
+    def segment_tokens(self, text: str) -> torch.Tensor:
+        return self.builder.target(text)
+
+    # ---- decoding ----------------------------------------------------------------------------------------------------
+    def set_sampling(self, row: int, sampling: RowSampling) -> None:
+        self.stepper.set_sampling(row, sampling)
+
+    def set_noise_step(self, row: int, step: int) -> None:
+        self.stepper.set_noise_step(row, step)
+
+    def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.stepper.prefill(row, tokens, start_pos)
+
+    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
+        return self.stepper.start_segment(row, logits, hidden, next_pos).cpu().numpy()
+
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
+        """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc)."""
+        self.stepper.commit[:rows].copy_(torch.tensor(commit, dtype=torch.bool), non_blocking=True)
+        return self.stepper.step(rows, max_pos).numpy()
+
+    def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
+        self.stepper.swap_rows(a, b, length_a, length_b, spare=self.stepper.n_rows - 1)
+
+    # ---- vocoder -----------------------------------------------------------------------------------------------------
+    def reset_vocoder(self, slot: int) -> None:
+        self.vocoder.reset(torch.tensor([slot], device=self.device))
+
+    @torch.inference_mode()
+    def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Continue each slot's audio with its codes (nc, F); one batched call per distinct F (per slot when
+        batch-invariant). Returns float32 PCM arrays (F·samples_per_frame,)."""
+        out: list[np.ndarray | None] = [None] * len(slots)
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(codes):
+            groups.setdefault(c.shape[1], []).append(i)
+        for members in groups.values():
+            batches = [[i] for i in members] if self.batch_invariant else [members]
+            for batch in batches:
+                codes_t = torch.from_numpy(np.stack([codes[i] for i in batch])).to(self.device)
+                slots_t = torch.tensor([slots[i] for i in batch], device=self.device)
+                audio = self.vocoder.decode(codes_t, slots_t).float().cpu().numpy()
+                for j, i in enumerate(batch):
+                    out[i] = audio[j]
+        return [a for a in out if a is not None]
+
+    # ---- reference voices ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:
+        """Reference audio (samples,) or (samples, channels) at any rate → codes (nc, T) int64 (fp32 encoder)."""
+        if self._encoder is None:
+            self._encoder = load_codec(self._encoder_folder, device=self.device, dtype=torch.float32, with_encoder=True)
+        mono = to_codec_audio(audio, sample_rate_hz, self.info.sample_rate_hz)
+        codes = self._encoder.encode(torch.from_numpy(mono).unsqueeze(0))[0]
+        return codes[: self.info.num_codebooks].cpu().numpy().astype(np.int64)
+
+    # ---- start-up ----------------------------------------------------------------------------------------------------
+    def capture_graphs(self) -> int:
+        t0 = time.perf_counter()
+        n = self.stepper.capture_all()
+        self.timings_s["capture_graphs"] = time.perf_counter() - t0
+        return n
+
+    @property
+    def clamped_codes(self) -> int:
+        """Codes the vocoder clamped into range so far (reads a device counter: a sync, call rarely)."""
+        return int(self.codec.clamped_codes.item())
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was requested but no CUDA device is available; use --device cpu")
+    return device
+
+
+def _read_metadata(folder: Path) -> dict:
+    path = folder / METADATA_FILE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data

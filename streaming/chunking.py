@@ -1,0 +1,57 @@
+"""When to run the vocoder: how many new code frames make the next PCM chunk of a stream.
+
+The first chunk is small (time to first audio); later chunks grow so the client's buffer stays ahead of playback
+while the vocoder runs fewer, larger (cheaper per frame) calls. One code frame is 2048 samples = 46.4 ms at
+44.1 kHz. A stream restarts its schedule when its audio ran dry (a pause waiting for text): the client's buffer is
+then empty again. The decoder is stateful and causal, so any chunk boundaries give the same audio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Latency(Enum):
+    """Fish's `latency` request field."""
+
+    LOW = "low"  # first audio after 2 frames (93 ms of audio): fastest start, most vocoder calls
+    BALANCED = "balanced"  # first audio after 4 frames (186 ms)
+    NORMAL = "normal"  # first audio after 8 frames (372 ms): fewest, largest calls
+
+
+# Frames per chunk, by chunk index; the last entry repeats. Every size also has a captured vocoder graph on GPU.
+SCHEDULES: dict[Latency, tuple[int, ...]] = {
+    Latency.LOW: (2, 4, 8, 16, 24),
+    Latency.BALANCED: (4, 8, 16, 24),
+    Latency.NORMAL: (8, 16, 24),
+}
+# Chunk sizes the engine may ever ask for outside a schedule (segment tails are split into these).
+TAIL_SIZES = (16, 8, 4, 2, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSchedule:
+    sizes: tuple[int, ...]
+
+    @staticmethod
+    def for_latency(latency: Latency) -> ChunkSchedule:
+        return ChunkSchedule(SCHEDULES[latency])
+
+    def size(self, index: int) -> int:
+        return self.sizes[min(index, len(self.sizes) - 1)]
+
+
+def split_tail(frames: int) -> list[int]:
+    """Split a segment's leftover frames into TAIL_SIZES pieces (largest first), e.g. 13 → [8, 4, 1]."""
+    out = []
+    for size in TAIL_SIZES:
+        while frames >= size:
+            out.append(size)
+            frames -= size
+    return out
+
+
+def all_chunk_sizes() -> list[int]:
+    """Every chunk length the engine can request (for graph capture and warm-up)."""
+    return sorted({*TAIL_SIZES, *(s for sizes in SCHEDULES.values() for s in sizes)})

@@ -1,0 +1,228 @@
+"""The engine's public face: start the worker thread, admit sessions, run jobs on the worker, drain and stop.
+
+Lifecycle: STARTING (worker loads weights, captures graphs, warms up; each phase timed and logged) → READY →
+DRAINING (no new sessions; running ones finish) → STOPPED; FAULTED if the device fails (the server then exits
+non-zero so a supervisor restarts it). The command queue is bounded; when it is full, callers get Overloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .backend import Backend, BackendConfig, ModelInfo
+from .errors import NotReady, Overloaded
+from .session import Session, SynthesisSettings, Voice
+from .worker import Worker, WorkerLimits, run_forever
+
+log = logging.getLogger(__name__)
+
+# Commands in flight from all sessions together; a full queue refuses new work instead of growing.
+COMMAND_QUEUE_SIZE = 4096
+WARM_UP_TEXT = "Hello world."
+
+T = TypeVar("T")
+
+
+class EngineState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAULTED = "faulted"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    limits: WorkerLimits = field(default_factory=WorkerLimits)
+    warm_up: bool = True
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.state = EngineState.STARTING
+        self.info: ModelInfo | None = None
+        self.timings_s: dict[str, float] = {}
+        self.fault: str | None = None
+        self._commands: queue.Queue[object] = queue.Queue(maxsize=COMMAND_QUEUE_SIZE)
+        self._sessions: dict[int, Session] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="fishgate-worker", daemon=True)
+        self._worker: Worker | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.state is EngineState.READY
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    def _main(self) -> None:
+        started = time.perf_counter()
+        try:
+            backend = Backend(self.config.backend)
+            self.timings_s.update(backend.timings_s)
+            self.info = backend.info
+            graphs = backend.capture_graphs()
+            self.timings_s.update(backend.timings_s)
+            worker = Worker(backend, self._commands, self.config.limits)
+            self._worker = worker
+            if self.config.warm_up:
+                t0 = time.perf_counter()
+                _warm_up(worker)
+                self.timings_s["warm_up"] = time.perf_counter() - t0
+            self.timings_s["total"] = time.perf_counter() - started
+            log.info(
+                "engine ready in %.2f s (%s; %d decode graphs)",
+                self.timings_s["total"], ", ".join(f"{k} {v:.2f} s" for k, v in self.timings_s.items()), graphs,
+            )  # fmt: skip
+            self.state = EngineState.READY
+        except Exception as e:
+            self._set_fault("start-up failed", e)
+            return
+        finally:
+            self._ready.set()
+        try:
+            run_forever(worker, self._stop.is_set)
+        except Exception as e:  # the loop itself failed (device fault): nothing can be trusted any more
+            self._set_fault("worker loop failed", e)
+        else:
+            if self.state is not EngineState.FAULTED:
+                self.state = EngineState.STOPPED
+
+    def _set_fault(self, what: str, err: Exception) -> None:
+        log.critical("engine %s: %s", what, type(err).__name__, exc_info=err)
+        self.fault = f"{what}: {type(err).__name__}"
+        self.state = EngineState.FAULTED
+
+    def drain(self) -> None:
+        """Stop admitting sessions; running ones continue until closed."""
+        if self.state is EngineState.READY:
+            self.state = EngineState.DRAINING
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if self.state is not EngineState.FAULTED:
+            self.state = EngineState.STOPPED
+
+    # ---- sessions ----------------------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.config.backend.max_sessions
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def open_session(
+        self, voice: Voice, settings: SynthesisSettings, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Session:
+        if self.state is not EngineState.READY:
+            raise NotReady(f"the engine is {self.state.value}; retry when /readyz says ready")
+        loop = loop or asyncio.get_running_loop()
+        with self._lock:
+            if len(self._sessions) >= self.capacity:
+                raise Overloaded(
+                    f"all {self.capacity} sessions are in use; retry later (--max-sessions sets the limit)"
+                )
+            session = Session(voice, settings, self._send, loop)
+            self._sessions[session.id] = session
+        worker = self._worker
+        assert worker is not None
+        self._send(lambda: worker.add(session))
+        return session
+
+    def _send(self, cmd: object) -> None:
+        from .session import Close
+
+        if isinstance(cmd, Close):
+            with self._lock:
+                self._sessions.pop(cmd.session, None)
+        try:
+            self._commands.put_nowait(cmd)
+        except queue.Full:
+            raise Overloaded("the engine's command queue is full; retry later") from None
+
+    async def run_job(self, fn: Callable[[Worker], T]) -> T:
+        """Run fn(worker) on the worker thread (between steps) and await its result."""
+        if self.state not in (EngineState.READY, EngineState.DRAINING):
+            raise NotReady(f"the engine is {self.state.value}")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        worker = self._worker
+        assert worker is not None
+
+        def job() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(worker))
+                except Exception as e:
+                    future.set_exception(e)
+
+        self._send(job)
+        return await asyncio.wrap_future(future)
+
+    async def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:
+        return await self.run_job(lambda w: w.b.encode_reference(audio, sample_rate_hz))
+
+    def stats(self) -> dict[str, Any]:
+        w = self._worker
+        if w is None:
+            return {"state": self.state.value}
+        s = w.stats
+        return {
+            "state": self.state.value,
+            "sessions": len(self._sessions),
+            "decoding": w.rows.active,
+            "prefill_queue": len(w.prefill_queue),
+            "command_queue": self._commands.qsize(),
+            "steps": s.steps,
+            "frames": s.frames,
+            "prefill_tokens": s.prefill_tokens,
+            "vocoded_frames": s.vocoded_frames,
+            "errors": s.errors,
+        }
+
+
+def _warm_up(worker: Worker) -> None:
+    """Push one short utterance through prefill, decode and every vocoder chunk size on the worker thread."""
+    from model.stepper import RowSampling
+
+    from .chunking import all_chunk_sizes
+
+    b = worker.b
+    tokens = b.segment_tokens(WARM_UP_TEXT)
+    row = worker.b.stepper.n_rows - 2  # any free row; nothing is admitted before READY
+    b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
+    logits, hidden = b.prefill(row, tokens, 0)
+    b.start_segment(row, logits, hidden, tokens.shape[1])
+    rows = row + 1
+    commit = [False] * rows
+    commit[row] = True
+    for _ in range(4):
+        b.step(rows, commit, tokens.shape[1] + 4)
+    nc = b.info.num_codebooks
+    for size in all_chunk_sizes():
+        b.vocode([0], [np.zeros((nc, size), dtype=np.int64)])
+    b.reset_vocoder(0)
+    b.stepper.pos[row] = 0

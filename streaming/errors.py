@@ -1,0 +1,62 @@
+"""The gateway's exception tree. Every class has a machine-readable `code`; messages name the fix.
+
+    FishgateError                      base; never raised itself
+    ├── RequestError                   a client mistake; the session stays usable (HTTP 400 / error event)
+    │   ├── TextTooLong                text beyond a documented limit
+    │   ├── ValueOutOfRange            a parameter outside its accepted range
+    │   ├── PromptTooLong              text + voice do not fit the model's context
+    │   ├── UnknownVoice               reference id not found
+    │   └── BadReferenceAudio          uploaded reference is not usable audio
+    ├── Overloaded                     capacity reached; retry later (HTTP 503 / close 1013)
+    ├── SessionClosed                  the session was closed (client gone, stalled too long, shutdown)
+    ├── NotReady                       the engine is warming up, draining or faulted (HTTP 503)
+    └── EngineFault                    an unexpected failure inside the engine; logged, reported as "internal error"
+
+`server/` maps these to the wire in one place; `str(exc)` of an EngineFault never reaches a client.
+"""
+
+from __future__ import annotations
+
+
+class FishgateError(Exception):
+    code = "error"
+
+
+class RequestError(FishgateError):
+    code = "bad_request"
+
+
+class TextTooLong(RequestError):
+    code = "text_too_long"
+
+
+class ValueOutOfRange(RequestError):
+    code = "value_out_of_range"
+
+
+class PromptTooLong(RequestError):
+    code = "prompt_too_long"
+
+
+class UnknownVoice(RequestError):
+    code = "unknown_voice"
+
+
+class BadReferenceAudio(RequestError):
+    code = "bad_reference_audio"
+
+
+class Overloaded(FishgateError):
+    code = "overloaded"
+
+
+class SessionClosed(FishgateError):
+    code = "session_closed"
+
+
+class NotReady(FishgateError):
+    code = "not_ready"
+
+
+class EngineFault(FishgateError):
+    code = "internal_error"

@@ -1,0 +1,200 @@
+"""A session as the async side sees it: speak text, end or cancel utterances, and read events.
+
+Owns the thread boundary: commands go to the engine's bounded command queue; events come back from the worker
+through `loop.call_soon_threadsafe` into a local deque. Backpressure is counted, not blocked: the worker stalls a
+session whose undelivered audio exceeds the engine's limit (`posted − consumed`, each counter written by one
+thread only). Knows nothing about models or the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .chunking import Latency
+from .errors import SessionClosed
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """Reference voices of a session: (transcript, codes (nc, T)) pairs, or none (the model's own voice)."""
+
+    references: tuple[tuple[str, np.ndarray], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisSettings:
+    temperature: float = 0.7
+    top_p: float = 0.7
+    repetition_penalty: float = 1.2
+    max_new_tokens: int = 1024  # frames per text segment, as Fish
+    seed: int | None = None  # None: a random seed per session
+    condition_on_previous_chunks: bool = True
+    latency: Latency = Latency.BALANCED
+    max_audio_s: float = 600.0  # per-utterance audio cap
+
+
+# ---- events (worker → session) ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    utterance: int
+    pcm: np.ndarray  # float32 mono at the model's sample rate
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentDone:
+    utterance: int
+    text: str
+    frames: int  # frames vocoded for this segment
+    ended_by: str  # "end_token" | "max_new_tokens" | "max_audio"
+    codes: np.ndarray  # (nc, frames) the codes that were vocoded (for offline checks and `synth`)
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceDone:
+    utterance: int
+    reason: str  # "stop" | "max_audio" | "error" (a segment failed; a SessionError came before)
+    audio_samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    utterance: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionError:
+    code: str
+    message: str
+    utterance: int | None = None
+    fatal: bool = False  # True: the session is closed
+
+
+Event = AudioChunk | SegmentDone | UtteranceDone | Cancelled | SessionError
+
+
+# ---- commands (session → worker) -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Speak:
+    session: int
+    utterance: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndUtterance:
+    session: int
+    utterance: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    session: int
+    utterance: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    session: int
+
+
+_session_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Session:
+    """Handle returned by Engine.open_session; use from one event loop."""
+
+    voice: Voice
+    settings: SynthesisSettings
+    _send: Callable[[object], None]
+    _loop: asyncio.AbstractEventLoop
+    id: int = field(default_factory=lambda: next(_session_ids))
+    utterance: int = 0
+    closed: bool = False
+    posted_samples: int = 0  # written by the worker only
+    consumed_samples: int = 0  # written by the event loop only
+    _events: collections.deque[Event] = field(default_factory=collections.deque)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _dropped_utterances: set[int] = field(default_factory=set)
+    _utterance_open: bool = False
+
+    # -- commands --
+    def speak(self, text: str) -> int:
+        """Queue text (one segment) for the current utterance; returns the utterance number."""
+        self._check_open()
+        self._utterance_open = True
+        self._send(Speak(self.id, self.utterance, text))
+        return self.utterance
+
+    def end_utterance(self) -> int:
+        """No more text for this utterance: its audio finishes, then UtteranceDone. The next speak() starts anew."""
+        self._check_open()
+        utt = self.utterance
+        self._send(EndUtterance(self.id, utt))
+        self.utterance += 1
+        self._utterance_open = False
+        return utt
+
+    def cancel(self) -> int:
+        """Barge-in: stop generating now, drop queued text and undelivered audio; Cancelled follows."""
+        self._check_open()
+        utt = self.utterance
+        self._dropped_utterances.add(utt)
+        kept: collections.deque[Event] = collections.deque()
+        for ev in self._events:
+            if isinstance(ev, AudioChunk) and ev.utterance == utt:
+                self.consumed_samples += len(ev.pcm)
+            else:
+                kept.append(ev)
+        self._events = kept
+        self._send(Cancel(self.id, utt))
+        self.utterance += 1
+        self._utterance_open = False
+        return utt
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._send(Close(self.id))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SessionClosed("this session is closed; open a new one")
+
+    # -- events --
+    @property
+    def undelivered_samples(self) -> int:
+        return self.posted_samples - self.consumed_samples
+
+    async def next_event(self) -> Event:
+        while not self._events:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        ev = self._events.popleft()
+        if isinstance(ev, AudioChunk):
+            self.consumed_samples += len(ev.pcm)
+        return ev
+
+    def deliver(self, ev: Event) -> None:
+        """Worker → loop (called via call_soon_threadsafe)."""
+        if isinstance(ev, AudioChunk) and ev.utterance in self._dropped_utterances:
+            self.consumed_samples += len(ev.pcm)
+            return
+        if isinstance(ev, SessionError) and ev.fatal:
+            self.closed = True
+        self._events.append(ev)
+        self._wakeup.set()
+
+    def post(self, ev: Event) -> None:
+        """Called on the worker thread."""
+        if isinstance(ev, AudioChunk):
+            self.posted_samples += len(ev.pcm)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            self._loop.call_soon_threadsafe(self.deliver, ev)

@@ -1,0 +1,104 @@
+"""What the worker remembers about one session (a "stream"): its prompt history, current segment and vocoder queue.
+
+Pure state and small pure helpers; touched only by the worker thread. The scheduler (`streaming/worker.py`) drives
+it. Token tensors are kept on the CPU; the KV row holds their positions [0, cache_len) on the device.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import torch
+
+from .chunking import ChunkSchedule
+from .session import Session
+
+
+class Phase(Enum):
+    IDLE = "idle"  # no segment in flight (waiting for text)
+    PREFILL = "prefill"  # prompt tokens being written into the KV row (possibly over several loop turns)
+    DECODE = "decode"  # in the decode batch
+
+
+@dataclass
+class PrefillJob:
+    tokens: torch.Tensor  # (1+nc, T) still to write
+    start_pos: int
+    done: int = 0  # tokens written so far
+
+    @property
+    def next_pos(self) -> int:
+        return self.start_pos + self.done
+
+    @property
+    def remaining(self) -> int:
+        return self.tokens.shape[1] - self.done
+
+
+@dataclass
+class Segment:
+    utterance: int
+    text: str
+    max_frames: int
+    frames: list[np.ndarray] = field(default_factory=list)  # (1+nc,) each, incl. a final <|im_end|> frame
+
+
+@dataclass
+class Stream:
+    session: Session
+    slot: int  # vocoder state slot (stable for the session's life); KV rows move (see RowTable)
+    seed: int
+    schedule: ChunkSchedule
+    prefix: torch.Tensor | None  # system + references, or None
+    phase: Phase = Phase.IDLE
+    pending: collections.deque[tuple[int, str]] = field(default_factory=collections.deque)  # (utterance, text)
+    ended_utterances: set[int] = field(default_factory=set)
+    failed_utterances: set[int] = field(default_factory=set)
+    history: list[torch.Tensor] = field(default_factory=list)  # [seg0, gen0, …] of the current utterance
+    history_utterance: int = -1
+    cache_len: int = 0  # valid KV positions of the row
+    prefix_cached: bool = False  # the row holds the prefix at [0, len(prefix))
+    last_frame: np.ndarray | None = None  # generated but never fed (needed to append the next segment)
+    segment: Segment | None = None
+    prefill: PrefillJob | None = None
+    prompt_end: int = 0  # position after the current segment's prompt
+    noise_step: int = 0
+    vocoder_queue: list[np.ndarray] = field(default_factory=list)  # codes (nc,) awaiting the vocoder
+    chunk_index: int = 0
+    utterance_samples: int = 0
+    utterance_started_s: float | None = None  # wall clock of the utterance's first audio
+    stalled_since: float | None = None
+    closed: bool = False
+
+    @property
+    def prefix_len(self) -> int:
+        return 0 if self.prefix is None else self.prefix.shape[1]
+
+    def frames_cap(self, text: str, max_new_tokens: int, frames_per_char: float | None) -> int:
+        """Per-segment frame budget: max_new_tokens, capped for untrained models by the text length."""
+        if frames_per_char is None:
+            return max_new_tokens
+        return min(max_new_tokens, math.ceil(frames_per_char * len(text)) + 4)
+
+    def client_buffer_s(self, sample_rate_hz: int, now: float | None = None) -> float:
+        """Audio the client should still have buffered if it plays in real time from the first chunk on."""
+        if self.utterance_started_s is None:
+            return 0.0
+        elapsed = (now if now is not None else time.monotonic()) - self.utterance_started_s
+        return self.utterance_samples / sample_rate_hz - elapsed
+
+    def start_utterance_history(self, utterance: int) -> None:
+        """A new utterance starts with a fresh history (the prefix stays cached in the row)."""
+        if self.history_utterance != utterance:
+            self.history = []
+            self.history_utterance = utterance
+            self.cache_len = self.prefix_len if self.prefix_cached else 0
+            self.last_frame = None
+            self.utterance_samples = 0
+            self.utterance_started_s = None
+            self.chunk_index = 0

@@ -1,0 +1,417 @@
+"""The worker loop: the one thread that touches the model. Continuous batching of every session's segments.
+
+Each turn: apply commands (new text, end, cancel, close), write at most one prefill chunk (so running streams
+never wait more than one chunk), advance every decoding row by one frame in one batched step (one graph replay on
+GPU, one small device→host copy), then vocode every stream whose queue reached its next chunk size, batched.
+Backpressure: a stream whose client has more than `max_undelivered_s` of audio unread stops advancing (its row
+computes and discards); after `stall_timeout_s` it is closed. One stream's failure never stops the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model.prompt import history_is_append
+from model.stepper import RowSampling
+
+from .backend import Backend
+from .chunking import ChunkSchedule, split_tail
+from .errors import EngineFault, FishgateError, PromptTooLong
+from .rows import RowTable
+from .session import (
+    AudioChunk,
+    Cancel,
+    Cancelled,
+    Close,
+    EndUtterance,
+    SegmentDone,
+    Session,
+    SessionError,
+    Speak,
+    UtteranceDone,
+)
+from .stream_state import Phase, PrefillJob, Segment, Stream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLimits:
+    prefill_chunk_tokens: int = 256  # tokens written per loop turn while other streams decode
+    max_undelivered_s: float = 20.0  # unread audio per session before its stream stalls
+    stall_timeout_s: float = 30.0  # a stalled stream is closed after this long
+    idle_wait_s: float = 0.05  # how long an idle worker blocks on the command queue
+
+
+@dataclass
+class WorkerStats:
+    steps: int = 0
+    frames: int = 0
+    prefill_tokens: int = 0
+    vocoded_frames: int = 0
+    errors: int = 0
+
+
+class Worker:
+    def __init__(self, backend: Backend, commands: queue.Queue, limits: WorkerLimits) -> None:
+        self.b = backend
+        self.commands = commands
+        self.limits = limits
+        self.rows = RowTable(backend.stepper.n_rows)
+        self.streams: dict[int, Stream] = {}
+        self.free_slots = list(range(backend.config.max_sessions - 1, -1, -1))
+        # host mirror of stepper.pos: each row's write position (= its count of valid KV positions)
+        self.row_pos = [0] * backend.stepper.n_rows
+        self.prefill_queue: list[int] = []  # session ids, FIFO
+        self.stats = WorkerStats()
+        self.rate_hz = backend.info.sample_rate_hz
+
+    # ---- sessions ----------------------------------------------------------------------------------------------------
+    def add(self, session: Session) -> None:
+        s = session.settings
+        refs = session.voice.references
+        stream = Stream(
+            session=session,
+            slot=self.free_slots.pop(),
+            seed=s.seed if s.seed is not None else secrets.randbits(62),
+            schedule=ChunkSchedule.for_latency(s.latency),
+            prefix=self.b.prefix_tokens(refs) if refs else None,
+        )
+        row = self.rows.open(session.id)
+        self.row_pos[row] = 0
+        self.b.stepper.pos[row] = 0
+        self.streams[session.id] = stream
+        self.b.reset_vocoder(stream.slot)
+
+    def _remove(self, sid: int) -> None:
+        st = self.streams.pop(sid, None)
+        if st is None:
+            return
+        st.closed = True
+        self._apply_swaps(self.rows.deactivate(sid))
+        self.row_pos[self.rows.row[sid]] = 0
+        self.rows.close(sid)
+        self.free_slots.append(st.slot)
+        if sid in self.prefill_queue:
+            self.prefill_queue.remove(sid)
+
+    def _fail(self, st: Stream, err: Exception, *, fatal: bool = False) -> None:
+        """Report an error to one stream and put it back to idle (or close it); the others keep running."""
+        self.stats.errors += 1
+        if isinstance(err, FishgateError) and not isinstance(err, EngineFault):
+            code, message = err.code, str(err)
+        else:
+            code, message = EngineFault.code, "internal error"
+            log.error("session %s: unexpected error", st.session.id, exc_info=err)
+        utt = st.segment.utterance if st.segment else None
+        self._abort_segment(st)
+        st.failed_utterances.update(u for u, _ in st.pending)
+        if utt is not None:
+            st.failed_utterances.add(utt)
+        st.pending.clear()
+        st.session.post(SessionError(code, message, utt, fatal=fatal))
+        if fatal:
+            self._remove(st.session.id)
+        else:
+            self._maybe_finish_utterance(st)
+
+    # ---- commands ----------------------------------------------------------------------------------------------------
+    def apply(self, cmd: object) -> None:
+        if isinstance(cmd, Speak):
+            st = self.streams.get(cmd.session)
+            if st is not None and cmd.text.strip():
+                st.pending.append((cmd.utterance, cmd.text))
+        elif isinstance(cmd, EndUtterance):
+            st = self.streams.get(cmd.session)
+            if st is not None:
+                st.ended_utterances.add(cmd.utterance)
+                self._maybe_finish_utterance(st)
+        elif isinstance(cmd, Cancel):
+            st = self.streams.get(cmd.session)
+            if st is not None:
+                self._abort_segment(st)
+                st.pending = collections.deque(p for p in st.pending if p[0] != cmd.utterance)
+                st.ended_utterances.discard(cmd.utterance)
+                st.session.post(Cancelled(cmd.utterance))
+        elif isinstance(cmd, Close):
+            self._remove(cmd.session)
+        elif callable(cmd):
+            cmd()  # a job to run on this thread (reference encoding, warm-up)
+
+    def _abort_segment(self, st: Stream) -> None:
+        """Stop the current segment now: leave the decode batch, forget queued codes, reset the vocoder."""
+        sid = st.session.id
+        if st.phase is Phase.DECODE:
+            self._apply_swaps(self.rows.deactivate(sid))
+        if sid in self.prefill_queue:
+            self.prefill_queue.remove(sid)
+        st.phase = Phase.IDLE
+        st.segment, st.prefill = None, None
+        st.vocoder_queue.clear()
+        st.history_utterance = -1  # the next utterance starts fresh (the KV row keeps only the prefix)
+        if self.row_pos[self.rows.row[sid]] < st.prefix_len:
+            st.prefix_cached = False  # idle-row writes at this row's position would land inside the prefix
+        st.stalled_since = None
+        self.b.reset_vocoder(st.slot)
+
+    # ---- the loop turn -----------------------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.rows.active or self.prefill_queue or any(s.pending for s in self.streams.values()))
+
+    def turn(self) -> None:
+        """One scheduling turn (commands are applied by the caller before)."""
+        for st in list(self.streams.values()):
+            if st.phase is Phase.IDLE and st.pending:
+                self._start_segment(st)
+        self._prefill_step()
+        if self.rows.active:
+            self._decode_step()
+        self._vocode_ready()
+
+    def _start_segment(self, st: Stream) -> None:
+        utt, text = st.pending.popleft()
+        st.start_utterance_history(utt)
+        st.segment = Segment(utt, text, 0)  # so a failure below is attributed to this utterance
+        s = st.session.settings
+        try:
+            seg_tokens = self.b.segment_tokens(text)
+            tokens, start = self._segment_prompt(st, seg_tokens, s.condition_on_previous_chunks)
+            prompt_end = start + tokens.shape[1]
+            room = self.b.max_seq_len - prompt_end
+            if room < 2:
+                raise PromptTooLong(
+                    f"the text and voice need {prompt_end} positions but the model's context is "
+                    f"{self.b.max_seq_len}; send shorter text or a shorter reference"
+                )
+        except Exception as e:  # bad text or prompt: this stream only
+            self._fail(st, e)
+            return
+        max_frames = min(st.frames_cap(text, s.max_new_tokens, self.b.info.max_frames_per_char), room)
+        st.history.append(seg_tokens)
+        st.segment = Segment(utt, text, max_frames)
+        st.prefill = PrefillJob(tokens, start)
+        st.prompt_end = prompt_end
+        st.phase = Phase.PREFILL
+        if st.client_buffer_s(self.rate_hz) <= 0:
+            st.chunk_index = 0  # the client's buffer ran dry: start again with a small chunk
+        self.prefill_queue.append(st.session.id)
+
+    def _segment_prompt(self, st: Stream, seg_tokens: torch.Tensor, condition: bool) -> tuple[torch.Tensor, int]:
+        """Tokens to write and where: append to the row when that equals upstream's prompt, else rebuild."""
+        parts = [*st.history, seg_tokens]
+        if condition and st.history and st.last_frame is not None:
+            budget = self.b.builder.history_budget(st.prefix, self.b.history_max_length)
+            if history_is_append([p.shape[1] for p in parts], budget):
+                last = torch.from_numpy(st.last_frame).to(torch.int32).view(-1, 1)
+                return torch.cat([last, seg_tokens], dim=1), st.cache_len
+            prompt = self.b.builder.segment_prompt(st.prefix, parts, self.b.history_max_length)
+        else:
+            prompt = seg_tokens if st.prefix is None else torch.cat([st.prefix, seg_tokens], dim=1)
+            if not condition:
+                st.history = []  # each segment stands alone
+        # reuse the cached prefix when the new prompt starts with it
+        if st.prefix_cached and st.prefix is not None and st.cache_len >= st.prefix_len:
+            return prompt[:, st.prefix_len :], st.prefix_len
+        return prompt, 0
+
+    def _prefill_step(self) -> None:
+        """Write one chunk of the oldest prefill; with nothing decoding, finish it outright."""
+        if not self.prefill_queue:
+            return
+        sid = self.prefill_queue[0]
+        st = self.streams[sid]
+        job = st.prefill
+        assert job is not None
+        budget = job.remaining if not self.rows.active else self.limits.prefill_chunk_tokens
+        row = self.rows.row[sid]
+        try:
+            chunk = job.tokens[:, job.done : job.done + budget]
+            logits, hidden = self.b.prefill(row, chunk, job.next_pos)
+            job.done += chunk.shape[1]
+            self.stats.prefill_tokens += chunk.shape[1]
+            if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len:
+                st.prefix_cached = True
+            self.b.stepper.pos[row] = job.next_pos  # idle decode writes land past the valid positions
+            self.row_pos[row] = job.next_pos
+            if job.remaining:
+                return
+            self.prefill_queue.pop(0)
+            st.prefill = None
+            self._begin_decoding(st, row, logits, hidden)
+        except Exception as e:
+            self._fail(st, e)
+
+    def _begin_decoding(self, st: Stream, row: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        s = st.session.settings
+        self.b.set_sampling(row, RowSampling(s.temperature, s.top_p, s.repetition_penalty, st.seed))
+        self.b.set_noise_step(row, st.noise_step)
+        frame = self.b.start_segment(row, logits, hidden, st.prompt_end)
+        st.noise_step += 1
+        st.phase = Phase.DECODE
+        self.row_pos[row] = st.prompt_end
+        self._apply_swaps(self.rows.activate(st.session.id))
+        self._accept_frame(st, frame)
+
+    def _decode_step(self) -> None:
+        active = self.rows.active
+        owners = [self.rows.owner[r] for r in range(active)]
+        streams = [self.streams[sid] for sid in owners if sid is not None]
+        assert len(streams) == active, "every active row has an owner"
+        now = time.monotonic()
+        commit = [not self._stalled(st, now) for st in streams]
+        if any(commit):
+            bucket, _ = self.b.stepper.bucket_for(active, 0)
+            frames = self.b.step(active, commit, max(self.row_pos[:bucket]))
+            self.stats.steps += 1
+            for r in range(active):
+                self.row_pos[r] += commit[r]
+            # accepting a frame can end a segment and swap rows, so go by session, not by row
+            for r, st in enumerate(streams):
+                if commit[r] and not st.closed:
+                    self.stats.frames += 1
+                    st.noise_step += 1
+                    self._accept_frame(st, frames[r])
+        else:
+            time.sleep(self.limits.idle_wait_s)  # everyone is back-pressured: don't spin
+        for st in streams:
+            stalled_s = now - st.stalled_since if st.stalled_since is not None else 0.0
+            if not st.closed and stalled_s > self.limits.stall_timeout_s:
+                log.warning("session %s: client read nothing for %.0f s; closing", st.session.id, stalled_s)
+                self._fail(st, _StallTimeout(), fatal=True)
+
+    def _stalled(self, st: Stream, now: float) -> bool:
+        if st.session.undelivered_samples / self.rate_hz <= self.limits.max_undelivered_s:
+            st.stalled_since = None
+            return False
+        if st.stalled_since is None:
+            st.stalled_since = now
+        return True
+
+    def _accept_frame(self, st: Stream, frame: np.ndarray) -> None:
+        seg = st.segment
+        assert seg is not None
+        seg.frames.append(frame)
+        ended_by = None
+        if int(frame[0]) == self.b.im_end_id:
+            ended_by = "end_token"
+        else:
+            st.vocoder_queue.append(frame[1:].copy())
+            if len(seg.frames) >= seg.max_frames:
+                ended_by = "max_new_tokens"
+            audio_s = (st.utterance_samples + len(st.vocoder_queue) * self.b.info.samples_per_frame) / self.rate_hz
+            if audio_s >= st.session.settings.max_audio_s:
+                ended_by = "max_audio"
+        if ended_by is not None:
+            self._end_segment(st, ended_by)
+
+    def _end_segment(self, st: Stream, ended_by: str) -> None:
+        seg = st.segment
+        assert seg is not None
+        sid = st.session.id
+        gen = torch.from_numpy(np.stack(seg.frames, axis=1)).to(torch.int32)  # (1+nc, n)
+        st.history.append(gen)
+        st.last_frame = seg.frames[-1]
+        st.cache_len = st.prompt_end + len(seg.frames) - 1
+        self._apply_swaps(self.rows.deactivate(sid))
+        st.phase = Phase.IDLE
+        self._flush_vocoder(st)
+        spoken = [f[1:] for f in seg.frames if int(f[0]) != self.b.im_end_id]
+        codes = np.stack(spoken, axis=1) if spoken else np.zeros((self.b.info.num_codebooks, 0), np.int64)
+        st.session.post(SegmentDone(seg.utterance, seg.text, len(spoken), ended_by, codes))
+        st.segment = None
+        if ended_by == "max_audio":
+            st.pending = collections.deque(p for p in st.pending if p[0] != seg.utterance)
+            st.ended_utterances.add(seg.utterance)
+            self._maybe_finish_utterance(st, reason="max_audio", utterance=seg.utterance)
+        else:
+            self._maybe_finish_utterance(st)
+
+    def _maybe_finish_utterance(self, st: Stream, reason: str = "stop", utterance: int | None = None) -> None:
+        for utt in sorted(st.ended_utterances):
+            if utterance is not None and utt != utterance:
+                continue
+            in_flight = st.segment is not None and st.segment.utterance == utt
+            busy = in_flight or any(p[0] == utt for p in st.pending)
+            if busy:
+                continue
+            st.ended_utterances.discard(utt)
+            samples = st.utterance_samples if st.history_utterance == utt else 0
+            if utt in st.failed_utterances:
+                st.failed_utterances.discard(utt)
+                reason = "error"
+            st.session.post(UtteranceDone(utt, reason, samples))
+
+    # ---- vocoder -----------------------------------------------------------------------------------------------------
+    def _vocode_ready(self) -> None:
+        batch: list[tuple[Stream, int]] = []
+        for st in self.streams.values():
+            size = st.schedule.size(st.chunk_index)
+            if len(st.vocoder_queue) >= size:
+                batch.append((st, size))
+        if batch:
+            self._vocode(batch)
+
+    def _flush_vocoder(self, st: Stream) -> None:
+        """At a segment's end: vocode everything queued, in chunks whose sizes have captured graphs."""
+        for size in split_tail(len(st.vocoder_queue)):
+            self._vocode([(st, size)])
+
+    def _vocode(self, batch: list[tuple[Stream, int]]) -> None:
+        slots, codes = [], []
+        for st, size in batch:
+            slots.append(st.slot)
+            codes.append(np.stack(st.vocoder_queue[:size], axis=1))  # (nc, F)
+            del st.vocoder_queue[:size]
+        try:
+            pcm = self.b.vocode(slots, codes)
+        except Exception as e:
+            for st, _ in batch:
+                self._fail(st, e)
+            return
+        now = time.monotonic()
+        for (st, size), audio in zip(batch, pcm, strict=True):
+            st.chunk_index += 1
+            self.stats.vocoded_frames += size
+            if st.utterance_started_s is None:
+                st.utterance_started_s = now
+            st.utterance_samples += len(audio)
+            utt = st.segment.utterance if st.segment is not None else st.history_utterance
+            st.session.post(AudioChunk(utt, audio))
+
+    # ---- rows --------------------------------------------------------------------------------------------------------
+    def _apply_swaps(self, swaps: list[tuple[int, int]]) -> None:
+        """Mirror RowTable swaps on the device; row_pos[r] is also the count of valid KV positions of row r."""
+        for a, b in swaps:
+            self.b.swap_rows(a, b, self.row_pos[a], self.row_pos[b])
+            self.row_pos[a], self.row_pos[b] = self.row_pos[b], self.row_pos[a]
+
+
+class _StallTimeout(FishgateError):
+    code = "client_too_slow"
+
+    def __init__(self) -> None:
+        super().__init__("the client stopped reading audio; the session was closed (read audio as it arrives)")
+
+
+def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
+    """The worker thread's body after start-up: apply commands, take turns, until `stop()`."""
+    while not stop():
+        block = not worker.has_work()
+        try:
+            wait_s = worker.limits.idle_wait_s
+            cmd = worker.commands.get(timeout=wait_s) if block else worker.commands.get_nowait()
+            worker.apply(cmd)
+            while True:
+                worker.apply(worker.commands.get_nowait())
+        except queue.Empty:
+            pass
+        worker.turn()

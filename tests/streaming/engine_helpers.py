@@ -1,0 +1,94 @@
+"""Shared helpers for engine tests: build engines on real checkpoint folders and collect utterances."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from streaming.backend import BackendConfig
+from streaming.engine import Engine, EngineConfig
+from streaming.session import AudioChunk, Cancelled, SegmentDone, Session, SessionError, UtteranceDone
+from streaming.worker import WorkerLimits
+from tests.model.fixture_sets import fixtures_root
+
+EVENT_TIMEOUT_S = 60.0
+
+
+@contextmanager
+def running_engine(checkpoint: Path | None = None, max_sessions: int = 4, **limits):
+    engine = Engine(
+        EngineConfig(
+            BackendConfig(checkpoint=checkpoint, max_sessions=max_sessions),
+            WorkerLimits(**limits) if limits else WorkerLimits(),
+        )
+    )
+    engine.start()
+    try:
+        assert engine.wait_ready(120), engine.fault
+        yield engine
+    finally:
+        engine.stop()
+
+
+@dataclass
+class Utterance:
+    pcm: np.ndarray
+    segments: list[SegmentDone] = field(default_factory=list)
+    done: UtteranceDone | None = None
+    cancelled: Cancelled | None = None
+    errors: list[SessionError] = field(default_factory=list)
+    chunks: int = 0
+
+    @property
+    def codes(self) -> np.ndarray:
+        return np.concatenate([s.codes for s in self.segments], axis=1)
+
+
+async def collect(session: Session, until=(UtteranceDone, Cancelled)) -> Utterance:
+    """Read events until one of `until` (or a fatal error) arrives."""
+    pcm, out = [], Utterance(np.zeros(0, np.float32))
+    while True:
+        ev = await asyncio.wait_for(session.next_event(), EVENT_TIMEOUT_S)
+        if isinstance(ev, AudioChunk):
+            pcm.append(ev.pcm)
+            out.chunks += 1
+        elif isinstance(ev, SegmentDone):
+            out.segments.append(ev)
+        elif isinstance(ev, SessionError):
+            out.errors.append(ev)
+            if ev.fatal:
+                break
+        elif isinstance(ev, UtteranceDone):
+            out.done = ev
+        elif isinstance(ev, Cancelled):
+            out.cancelled = ev
+        if isinstance(ev, until):
+            break
+    out.pcm = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+    return out
+
+
+async def speak(session: Session, *texts: str) -> Utterance:
+    for t in texts:
+        session.speak(t)
+    session.end_utterance()
+    return await collect(session)
+
+
+def fixture_checkpoint(tmp_path: Path, dual_ar: str = "dual_ar_tiny_samefast", codec: str = "firefly_tiny") -> Path:
+    """A complete checkpoint folder from the upstream fixtures: tiny DualAR (ends with <|im_end|>) + tiny codec."""
+    root = fixtures_root()
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.tiktoken"):
+        shutil.copy(root / dual_ar / name, out / name)
+    shutil.copy(root / codec / "generator.safetensors", out / "generator.safetensors")
+    shutil.copy(root / codec / "config.json", out / "codec_config.json")
+    (out / "fishgate.json").write_text(json.dumps({"name": "fixture-tiny"}))
+    return out

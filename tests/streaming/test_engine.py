@@ -1,0 +1,201 @@
+"""The engine end to end on CPU with real (tiny) checkpoints: streaming equals offline, batching equals solo,
+lifecycle (cancel, close, backpressure, failures) frees everything."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from model.codec_checkpoint import load_codec
+from streaming.backend import default_checkpoint
+from streaming.errors import NotReady, Overloaded
+from streaming.session import SynthesisSettings, Voice
+from tests.model.fixture_sets import dual_ar_sets, firefly_sets
+from tests.streaming.engine_helpers import collect, fixture_checkpoint, running_engine, speak
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+SETTINGS = SynthesisSettings(seed=1234, max_new_tokens=40)
+TEXTS = ("Hello there, this is a test.", "A second sentence follows it.")
+
+
+def offline_decode(checkpoint, codes: np.ndarray) -> np.ndarray:
+    codec = load_codec(checkpoint or default_checkpoint())
+    return codec.decode(torch.from_numpy(codes).unsqueeze(0))[0].numpy()
+
+
+def test_streamed_audio_equals_offline_decode_across_segment_seams() -> None:
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SETTINGS)
+            utt = await speak(s, *TEXTS)
+            s.close()
+            return utt
+
+    utt = asyncio.run(main())
+    assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
+    assert len(utt.segments) == 2 and utt.chunks > 2  # several chunks per utterance, two segments
+    assert len(utt.pcm) == utt.codes.shape[1] * 2048 == utt.done.audio_samples
+    offline = offline_decode(None, utt.codes)
+    assert np.abs(utt.pcm - offline).max() <= 1e-4  # seam included: one continuous decoder state
+
+
+def test_seeded_stream_is_identical_alone_and_under_load() -> None:
+    """Bitwise: a seeded session gives the same codes and PCM alone and beside other sessions (other buckets)."""
+
+    async def alone():
+        with running_engine(max_sessions=8) as engine:
+            s = engine.open_session(Voice(), SETTINGS)
+            return await speak(s, *TEXTS)
+
+    async def loaded():
+        with running_engine(max_sessions=8) as engine:
+            others = [engine.open_session(Voice(), SynthesisSettings(seed=i, temperature=1.0)) for i in range(4)]
+            for i, o in enumerate(others):
+                o.speak(f"Other speaker number {i} says something rather long, to overlap.")
+                o.end_utterance()
+            s = engine.open_session(Voice(), SETTINGS)
+            target = asyncio.create_task(speak(s, *TEXTS))
+            rest = await asyncio.gather(*(collect(o) for o in others))
+            return await target, rest
+
+    solo = asyncio.run(alone())
+    busy, rest = asyncio.run(loaded())
+    assert all(r.done is not None for r in rest)
+    assert np.array_equal(solo.codes, busy.codes)
+    assert np.array_equal(solo.pcm, busy.pcm)
+
+
+@pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
+def test_engine_reproduces_upstream_greedy_frames_and_ends_on_the_end_token(tmp_path) -> None:
+    """Through the whole engine (reference voice prompt, prefill, batched steps): upstream's greedy frames."""
+    fs = next(f for f in dual_ar_sets() if f.meta["greedy"]["ended_with_im_end"])
+    ckpt = fixture_checkpoint(tmp_path, dual_ar=fs.name)
+    fx, meta = fs.tensors(), fs.meta
+    p = meta["greedy"]["params"]
+    greedy = SynthesisSettings(
+        seed=7, temperature=p["temperature"], top_p=p["top_p"], repetition_penalty=p["repetition_penalty"],
+        max_new_tokens=p["max_new_tokens"],
+    )  # fmt: skip
+    voice = Voice(((meta["prompt_texts"]["ref_text"], fx["prompt/ref_codes"].numpy().astype(np.int64)),))
+
+    async def main():
+        with running_engine(ckpt) as engine:
+            s = engine.open_session(voice, greedy)
+            return await speak(s, meta["prompt_texts"]["text_single"])
+
+    utt = asyncio.run(main())
+    seg = utt.segments[0]
+    upstream = fx["greedy/y"][:, fx["prompt/full"].shape[1] :].numpy()  # frames incl. the final <|im_end|>
+    assert seg.ended_by == "end_token"
+    assert np.array_equal(seg.codes, upstream[1:, :-1])  # every frame but the end frame is vocoded
+    assert len(utt.pcm) == seg.frames * 2048
+
+
+def test_max_new_tokens_ends_a_segment() -> None:
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=5))
+            return await speak(s, "A sentence long enough that the frame cap is what ends it.")
+
+    utt = asyncio.run(main())
+    assert [s.ended_by for s in utt.segments] == ["max_new_tokens"]
+    assert utt.segments[0].frames == 5 and len(utt.pcm) == 5 * 2048
+
+
+def test_cancel_stops_now_and_the_session_goes_on() -> None:
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=5, max_new_tokens=400))
+            s.speak("This utterance is long enough that it will still be running when the cancel arrives. " * 3)
+            first = await s.next_event()  # audio has started
+            s.cancel()
+            cancelled = await collect(s)
+            after = await speak(s, "And now something short.")
+            stats = engine.stats()
+            s.close()
+            return first, cancelled, after, stats
+
+    _first, cancelled, after, stats = asyncio.run(main())
+    assert cancelled.cancelled is not None and cancelled.done is None
+    assert after.done is not None and len(after.pcm) > 0 and not after.errors
+    assert stats["decoding"] == 0
+
+
+def test_a_thousand_open_cancel_close_cycles_leak_nothing() -> None:
+    async def main():
+        with running_engine(max_sessions=2) as engine:
+            worker = engine._worker
+            for i in range(1000):
+                s = engine.open_session(Voice(), SynthesisSettings(seed=i, max_new_tokens=3))
+                s.speak("Hi.")
+                if i % 3 == 0:
+                    s.cancel()
+                elif i % 3 == 1:
+                    s.end_utterance()
+                    await collect(s)
+                s.close()  # i % 3 == 2: close while generating (a client that vanished)
+            await asyncio.sleep(0.5)
+            return engine.open_sessions, worker.rows.active, len(worker.streams), len(worker.free_slots)
+
+    open_sessions, active, streams, free_slots = asyncio.run(main())
+    assert (open_sessions, active, streams, free_slots) == (0, 0, 0, 2)
+
+
+def test_admission_control_refuses_beyond_capacity() -> None:
+    async def main():
+        with running_engine(max_sessions=2) as engine:
+            a = engine.open_session(Voice(), SETTINGS)
+            engine.open_session(Voice(), SETTINGS)
+            with pytest.raises(Overloaded, match="max-sessions"):
+                engine.open_session(Voice(), SETTINGS)
+            a.close()
+            engine.open_session(Voice(), SETTINGS).close()  # a freed place is usable again
+            engine.drain()
+            with pytest.raises(NotReady):
+                engine.open_session(Voice(), SETTINGS)
+
+    asyncio.run(main())
+
+
+def test_backpressure_stalls_then_closes_a_client_that_never_reads() -> None:
+    async def main():
+        with running_engine(max_undelivered_s=0.5, stall_timeout_s=1.0) as engine:
+            slow = engine.open_session(Voice(), SynthesisSettings(seed=9, max_new_tokens=2000))
+            slow.speak("Never read. " * 50)
+            fast = engine.open_session(Voice(), SETTINGS)
+            ok = await speak(fast, *TEXTS)  # the other session is unaffected
+            peak = slow.undelivered_samples
+            await asyncio.sleep(2.0)
+            rest = await collect(slow)  # drains the buffer, then the fatal stall error
+            return ok, peak, rest, engine.stats()
+
+    ok, peak, rest, stats = asyncio.run(main())
+    assert ok.done is not None
+    assert peak <= (0.5 + 1.5) * 44100  # limit + at most one chunk (24 frames) past it
+    assert rest.errors and rest.errors[-1].fatal and rest.errors[-1].code == "client_too_slow"
+    assert stats["sessions"] == 0 or stats["decoding"] == 0
+
+
+def test_one_failing_session_leaves_the_others_intact() -> None:
+    async def main():
+        with running_engine(max_sessions=4) as engine:
+            good = engine.open_session(Voice(), SETTINGS)
+            bad = engine.open_session(Voice(), SETTINGS)
+            bad.speak("x" * 5000)  # longer than the model's 2048-position context
+            bad.end_utterance()
+            good_utt = await speak(good, *TEXTS)
+            bad_utt = await collect(bad)
+            again = await speak(bad, "Short and fine.")  # the failing session itself recovers
+            return good_utt, bad_utt, again
+
+    good, bad, again = asyncio.run(main())
+    assert good.done is not None and not good.errors
+    assert bad.errors and bad.errors[0].code == "prompt_too_long" and "context" in bad.errors[0].message
+    assert bad.done is not None and bad.done.reason == "error"
+    assert again.done is not None and len(again.pcm) > 0
+    gc.collect()
