@@ -49,6 +49,9 @@ class BackendConfig:
     max_seq_len: int | None = None  # lower the context to save memory (default: the model's)
     batch_invariant: bool | None = None  # None = on for CPU (bitwise reproducible under load), off on GPU
     cuda_graphs: bool = True
+    # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
+    # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
+    cpu_threads: int | None = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,8 @@ class Backend:
         self.config = config
         folder = config.checkpoint or default_checkpoint()
         self.device = _pick_device(config.device)
+        if self.device.type == "cpu" and config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)  # process-wide: the engine is the process's torch user
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.timings_s: dict[str, float] = {}
 
@@ -183,6 +188,10 @@ class Backend:
         n = self.stepper.capture_all()
         self.timings_s["capture_graphs"] = time.perf_counter() - t0
         return n
+
+    def gpu_memory_bytes(self) -> int:
+        """Bytes the caching allocator holds on the engine's GPU (0 on CPU); safe to read from any thread."""
+        return int(torch.cuda.memory_allocated(self.device)) if self.device.type == "cuda" else 0
 
     @property
     def clamped_codes(self) -> int:

@@ -185,6 +185,10 @@ class Engine:
     async def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:
         return await self.run_job(lambda w: w.b.encode_reference(audio, sample_rate_hz))
 
+    def gpu_memory_bytes(self) -> int:
+        w = self._worker
+        return w.b.gpu_memory_bytes() if w is not None else 0
+
     def stats(self) -> dict[str, Any]:
         w = self._worker
         if w is None:

@@ -1,0 +1,152 @@
+"""The Starlette application: routes, middleware, and the engine's lifespan.
+
+`/v1/*` needs the API key when one is configured; `/`, static files, `/healthz`, `/readyz` and `/metrics` are
+open. The engine starts with the app (loading, graph capture and warm-up run on its worker thread, so the
+server answers `/readyz` = not ready meanwhile) and stops with it. Endpoint modules contribute `routes()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from importlib import resources
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from streaming.backend import BackendConfig
+from streaming.engine import Engine, EngineConfig, EngineState
+
+from . import http_api
+from .gateway import Gateway
+from .live import LiveConnection
+from .params import REFERENCE_SECONDS
+from .settings import Settings
+from .voices import ReferenceLimits, VoiceStore
+from .wire import CLOSE_POLICY, to_wire
+
+log = logging.getLogger(__name__)
+
+
+def web_demo_dir() -> Path:
+    return Path(str(resources.files("web_demo")))
+
+
+def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
+    engine = engine or Engine(
+        EngineConfig(
+            BackendConfig(checkpoint=settings.checkpoint, device=settings.device, max_sessions=settings.max_sessions)
+        )
+    )
+
+    def reference_limits() -> ReferenceLimits:
+        # the longest reference also depends on the model's context, known once the engine has loaded it
+        info = engine.info
+        context = info.max_seq_len if info is not None else 8192
+        return ReferenceLimits.for_context(context, settings.max_reference_bytes, *REFERENCE_SECONDS)
+
+    voices = VoiceStore(settings.resolved_references_dir, engine.encode_reference, reference_limits)
+    return Gateway(settings, engine, voices)
+
+
+async def live_endpoint(websocket: WebSocket) -> None:
+    gw: Gateway = websocket.app.state.gateway
+    conn = LiveConnection(websocket, gw)
+    await websocket.accept()
+    try:
+        gw.check_origin(websocket)
+        gw.check_auth(websocket)
+    except Exception as e:
+        w = to_wire(e)
+        gw.metrics.errors.labels(code=w.code).inc()
+        await conn._fail(w.code, w.message, CLOSE_POLICY)
+        return
+    await conn.run()
+
+
+async def healthz(request: Request) -> JSONResponse:
+    gw: Gateway = request.app.state.gateway
+    info = gw.engine.info
+    body: dict[str, object] = {
+        "status": "ok" if gw.engine.state is not EngineState.FAULTED else "faulted",
+        "engine": gw.engine.state.value,
+        "model": gw.model_name,
+        "untrained_default_model": bool(info and info.untrained),
+        "version": gw.version,
+    }
+    if info is not None:
+        body.update(
+            device=info.device, dtype=info.dtype, sample_rate=info.sample_rate_hz, max_sessions=gw.engine.capacity
+        )
+    if info is not None and info.untrained:
+        body["warning"] = "the embedded default model has random weights: its output is noise; use --checkpoint"
+    return JSONResponse(body)
+
+
+async def readyz(request: Request) -> JSONResponse:
+    gw: Gateway = request.app.state.gateway
+    ready = gw.engine.ready and not gw.draining.is_set()
+    reason = "draining" if gw.draining.is_set() else gw.engine.state.value
+    return JSONResponse({"ready": ready, "state": reason}, status_code=200 if ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    gw.refresh_metrics()
+    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:
+    gw = gateway or build_gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.gateway = gw
+        if gw.engine.state is EngineState.STARTING and not gw.engine._thread.is_alive():
+            gw.engine.start()
+        watchdog = asyncio.create_task(_watch_engine(gw))
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+            await asyncio.to_thread(gw.engine.stop)
+
+    routes = [
+        WebSocketRoute("/v1/tts/live", live_endpoint),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+        *http_api.routes(),
+        Mount("/", StaticFiles(directory=web_demo_dir(), html=True), name="web_demo"),
+    ]
+    cors = Middleware(
+        CORSMiddleware,
+        allow_origins=list(settings.allowed_origins),
+        allow_methods=["GET", "POST", "DELETE"],
+        allow_headers=["authorization", "content-type", "model"],
+    )
+    app = Starlette(routes=routes, middleware=[cors], lifespan=lifespan)
+    app.state.gateway = gw
+    return app
+
+
+async def _watch_engine(gw: Gateway) -> None:
+    """A faulted engine (e.g. a poisoned CUDA context) makes readiness false; the CLI then exits non-zero."""
+    while True:
+        await asyncio.sleep(0.5)
+        if gw.engine.state is EngineState.FAULTED:
+            log.critical("engine faulted (%s): readiness is false; the process will exit", gw.engine.fault)
+            gw.draining.set()
+            if gw.on_fault is not None:
+                gw.on_fault()
+            return

@@ -1,0 +1,99 @@
+"""Server settings: every flag of `fishgate serve`, each also readable from `FISHGATE_<FLAG>`, and every limit.
+
+Owns names, defaults, help texts and parsing of the environment. The CLI builds a Settings from argv + env;
+tests build one directly. Knows nothing about Starlette or the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+ENV_PREFIX = "FISHGATE_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = field(default="127.0.0.1", metadata={"help": "interface to listen on"})
+    port: int = field(default=7860, metadata={"help": "port for the API and the demo page"})
+    checkpoint: Path | None = field(
+        default=None, metadata={"help": "Fish Speech 1.5 checkpoint folder (default: the embedded default model)"}
+    )
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
+    max_sessions: int = field(default=8, metadata={"help": "concurrent sessions (WebSocket + HTTP); more get 1013/503"})
+    api_key: tuple[str, ...] = field(
+        default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}
+    )
+    allowed_origins: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "browser origins allowed for WebSocket and CORS (comma-separated; '*' = any); "
+                  "same-origin and localhost pages are always allowed"},
+    )  # fmt: skip
+    references_dir: Path | None = field(
+        default=None, metadata={"help": "where stored voices live (default: ~/.cache/fishgate/references)"}
+    )
+    max_text_chars: int = field(default=20_000, metadata={"help": "text per request / utterance, in characters"})
+    max_frame_bytes: int = field(default=32 * 2**20, metadata={"help": "largest WebSocket frame (bigger: close 1009)"})
+    max_reference_bytes: int = field(default=10 * 2**20, metadata={"help": "largest reference audio file"})
+    idle_timeout_s: float = field(default=120.0, metadata={"help": "close a WebSocket silent for this long"})
+    max_session_s: float = field(default=3600.0, metadata={"help": "wall-time cap of one WebSocket session"})
+    send_timeout_s: float = field(default=30.0, metadata={"help": "a send blocked this long closes the socket"})
+    rate_limit_per_min: int = field(default=600, metadata={"help": "requests + sessions per key (or IP) per minute"})
+    drain_grace_s: float = field(default=20.0, metadata={"help": "on SIGTERM, time running utterances get to finish"})
+    log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+
+    @property
+    def resolved_references_dir(self) -> Path:
+        return self.references_dir or Path.home() / ".cache" / "fishgate" / "references"
+
+
+def _convert(name: str, raw: str) -> object:
+    kind = {f.name: f for f in fields(Settings)}[name].type
+    if kind in ("int",):
+        return int(raw)
+    if kind in ("float",):
+        return float(raw)
+    if "tuple" in str(kind):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if "Path" in str(kind):
+        return Path(raw) if raw else None
+    return raw
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        default = f.default
+        shown = "none" if default in (None, ()) else ("set" if f.metadata.get("secret") else default)
+        parser.add_argument(flag, dest=f.name, default=None, help=f"{f.metadata['help']} [env {env}; default {shown}]")
+    return parser
+
+
+def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    """Flags win over FISHGATE_* environment variables, which win over defaults."""
+    environ = dict(os.environ) if environ is None else environ
+    values: dict[str, object] = {}
+    for f in fields(Settings):
+        raw = getattr(args, f.name, None)
+        if raw is None:
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+        if raw is None:
+            continue
+        try:
+            values[f.name] = _convert(f.name, raw)
+        except ValueError:
+            raise SystemExit(
+                f"fishgate: --{f.name.replace('_', '-')} got {raw!r}, which is not a valid {f.type}"
+            ) from None
+    settings = Settings(**values)  # type: ignore[arg-type]
+    if settings.max_sessions < 1:
+        raise SystemExit("fishgate: --max-sessions must be at least 1")
+    return settings
+
+
+def parse_settings(argv: Sequence[str], environ: dict[str, str] | None = None) -> Settings:
+    return settings_from(build_parser(argparse.ArgumentParser()).parse_args(argv), environ)
