@@ -1,0 +1,117 @@
+"""The `fishgate` command line as users run it: convert, serve --help, and a real process draining on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from model.checkpoint import load_dual_ar
+from model.codec_checkpoint import load_codec
+from server.cli import main
+from tests.model.fixture_sets import dual_ar_sets, firefly_sets
+from tests.server.conftest import free_port
+from tests.server.live_client import LiveClient, LiveResult, open_live
+
+FISHGATE = [sys.executable, "-m", "server.cli"]
+
+
+def test_serve_help_documents_every_flag_and_its_env_var(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "--checkpoint", "--device", "--max-sessions", "--api-key", "--allowed-origins",
+                 "--references-dir", "--max-text-chars", "--max-frame-bytes", "--idle-timeout-s"):  # fmt: skip
+        assert flag in out
+    assert "FISHGATE_API_KEY" in out and "FISHGATE_MAX_SESSIONS" in out
+
+
+@pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
+def test_convert_writes_safetensors_that_load_identically(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "ckpt"
+    dual, codec = dual_ar_sets()[0].path, firefly_sets()[0].path
+    src.mkdir()
+    for name in ("config.json", "model.pth", "tokenizer.tiktoken"):
+        shutil.copy(dual / name, src / name)
+    shutil.copy(codec / "generator.pth", src / "firefly-gan-vq-fsq-8x1024-21hz-generator.pth")
+    shutil.copy(codec / "config.json", src / "codec_config.json")
+    before_model = load_dual_ar(src, dtype=torch.float32).model.state_dict()
+    before_codec = load_codec(src).state_dict()
+
+    assert main(["convert", str(src)]) == 0
+    assert (src / "model.safetensors").is_file() and (src / "generator.safetensors").is_file()
+    after = load_dual_ar(src, dtype=torch.float32)
+    assert after.weights_path.name == "model.safetensors"  # preferred once present
+    for k, v in after.model.state_dict().items():
+        assert torch.equal(v, before_model[k]), k
+    for k, v in load_codec(src).state_dict().items():
+        assert torch.equal(v, before_codec[k]), k
+    assert main(["convert", str(src)]) == 0
+    assert "nothing to convert" in capsys.readouterr().out
+
+    out = tmp_path / "converted"
+    shutil.rmtree(out, ignore_errors=True)
+    (src / "model.safetensors").unlink()
+    (src / "generator.safetensors").unlink()
+    assert main(["convert", str(src), "--out", str(out)]) == 0
+    assert load_dual_ar(out, dtype=torch.float32).weights_path == out / "model.safetensors"
+    assert not (src / "model.safetensors").exists()
+    assert main(["convert", str(tmp_path / "missing")]) == 2
+
+
+def test_serve_drains_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM: readiness goes false at once, the running utterance finishes, then the process exits 0."""
+    port = free_port()
+    env = {**os.environ, "FISHGATE_PORT": str(port), "FISHGATE_REFERENCES_DIR": str(tmp_path / "refs"),
+           "FISHGATE_DRAIN_GRACE_S": "30"}  # fmt: skip
+    proc = subprocess.Popen([*FISHGATE, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc)
+
+        async def utterance_across_sigterm():
+            async with open_live(f"ws://127.0.0.1:{port}/v1/tts/live") as ws:
+                c = LiveClient(ws)
+                await c.start()
+                await c.send({"event": "text", "text": "A sentence that is being spoken while the server drains. " * 4})
+                await c.send({"event": "stop"})
+                r = LiveResult()
+                await c.read_until(r, ("audio",))
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)
+                ready = httpx.get(f"{base}/readyz", timeout=5)
+                await c.wait_closed(r)
+                return r, ready
+
+        result, ready = asyncio.run(utterance_across_sigterm())
+        assert ready.status_code == 503 and ready.json()["state"] == "draining"
+        assert result.events[-1] == {"event": "finish", "reason": "stop"} and result.close_code == 1000
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _wait_ready(base: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "server exited"
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not become ready")
