@@ -7,6 +7,7 @@ after the abuse nothing leaks (sessions, decode rows, live-session gauge).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import socket
 import time
@@ -43,10 +44,8 @@ async def session_with(server: ServerHandle, frames: list, json_mode: bool = Fal
             else:
                 await ws.send(f)
         result = LiveResult()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(client.wait_closed(result), 3.0)
-        except TimeoutError:
-            pass
         return result
 
 
