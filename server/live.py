@@ -98,7 +98,8 @@ class LiveConnection:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await sender
             self.state = LiveState.CLOSED
-            self.gw.metrics.live_sessions.dec() if self.session is not None else None
+            if self.session is not None:
+                self.gw.metrics.live_sessions.dec()
 
     # ---- receiving ------------------------------------------------------------------------------------------------
     async def _receive_loop(self) -> asyncio.Task | None:
