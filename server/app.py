@@ -28,6 +28,7 @@ from streaming.backend import BackendConfig
 from streaming.engine import Engine, EngineConfig, EngineState
 
 from . import http_api
+from . import live_protocol as proto
 from .gateway import Gateway
 from .live import LiveConnection
 from .params import REFERENCE_SECONDS
@@ -36,6 +37,9 @@ from .voices import ReferenceLimits, VoiceStore
 from .wire import CLOSE_POLICY, to_wire
 
 log = logging.getLogger(__name__)
+
+# how long a refused WebSocket client gets to send its first frame (which tells us JSON or msgpack) before the error
+FIRST_FRAME_WAIT_S = 2.0
 
 
 def web_demo_dir() -> Path:
@@ -69,6 +73,11 @@ async def live_endpoint(websocket: WebSocket) -> None:
     except Exception as e:
         w = to_wire(e)
         gw.metrics.errors.labels(code=w.code).inc()
+        # answer in the client's encoding, which its first frame picks (browsers speak JSON)
+        with contextlib.suppress(Exception):
+            first = await asyncio.wait_for(websocket.receive(), FIRST_FRAME_WAIT_S)
+            if first.get("type") == "websocket.receive":
+                conn.encoding = proto.encoding_of_first_frame(first)
         await conn._fail(w.code, w.message, CLOSE_POLICY)
         return
     await conn.run()

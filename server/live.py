@@ -76,12 +76,13 @@ class LiveConnection:
     opened_s: float = field(default_factory=time.monotonic)
     last_client_s: float = field(default_factory=time.monotonic)
     close_code: int | None = None
+    stopping_utterance: int | None = None  # the utterance `stop` ended (a later `cancel` still barges into it)
+    _sender: asyncio.Task | None = None
 
     # ---- entry ----------------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        sender: asyncio.Task | None = None
         try:
-            sender = await self._receive_loop()
+            await self._receive_loop()
         except ProtocolViolation as e:
             await self._fail(e.code, e.message, e.close_code)
         except WebSocketDisconnect:
@@ -93,6 +94,7 @@ class LiveConnection:
         finally:
             if self.session is not None:
                 self.session.close()
+            sender = self._sender
             if sender is not None and not sender.done():
                 sender.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -102,8 +104,7 @@ class LiveConnection:
                 self.gw.metrics.live_sessions.dec()
 
     # ---- receiving ------------------------------------------------------------------------------------------------
-    async def _receive_loop(self) -> asyncio.Task | None:
-        sender: asyncio.Task | None = None
+    async def _receive_loop(self) -> None:
         first = True
         while self.state is not LiveState.CLOSED:
             message = await self._receive_with_deadline()
@@ -132,12 +133,11 @@ class LiveConnection:
                     await self._fail(w.code, w.message, CLOSE_TRY_AGAIN_LATER)
                     break
                 await self._send(proto.error(w.code, w.message))
-            if self.session is not None and sender is None:
-                sender = asyncio.create_task(self._send_loop())
-        if sender is not None:
+            if self.session is not None and self._sender is None:
+                self._sender = asyncio.create_task(self._send_loop())
+        if self._sender is not None:
             with contextlib.suppress(asyncio.CancelledError):
-                await sender
-        return sender
+                await self._sender
 
     async def _receive_with_deadline(self) -> MutableMapping[str, Any] | None:
         now = time.monotonic()
@@ -180,9 +180,12 @@ class LiveConnection:
             raise proto.RecoverableError(
                 "already_started", "this session has started; send text, flush, cancel or stop"
             )
-        if self.state is LiveState.STOPPING:
-            raise proto.RecoverableError("stopping", f"stop was received; {kind!r} is ignored while audio finishes")
         assert self.session is not None and self.segmenter is not None and self.params is not None
+        if self.state is LiveState.STOPPING:
+            if kind == "cancel" and self.stopping_utterance is not None:
+                self.session.cancel(self.stopping_utterance)  # barge-in while the last audio is still coming
+                return
+            raise proto.RecoverableError("stopping", f"stop was received; {kind!r} is ignored while audio finishes")
         if kind == "text":
             text = event.payload["text"]
             if len(text) > self.gw.settings.max_text_chars:
@@ -198,7 +201,7 @@ class LiveConnection:
             self.segmenter = Segmenter(self.params.segmenter)
         elif kind == "stop":
             self._speak(self.segmenter.finish())
-            self.session.end_utterance()
+            self.stopping_utterance = self.session.end_utterance()
             self.state = LiveState.STOPPING
 
     async def _start(self, request: Any) -> None:
@@ -263,6 +266,10 @@ class LiveConnection:
             elif isinstance(ev, Cancelled):
                 self.utterances.pop(ev.utterance, None)
                 await self._send({"event": "cancelled"})
+                if self.state is LiveState.STOPPING and ev.utterance == self.stopping_utterance:
+                    await self._send(proto.finish("stop"))  # the client had said stop: nothing more will come
+                    await self._close(CLOSE_NORMAL)
+                    return
             elif isinstance(ev, UtteranceDone):
                 utt = self.utterances.pop(ev.utterance, None)
                 tail = utt.output.finish() if utt is not None else b""

@@ -142,10 +142,13 @@ class Session:
         self._utterance_open = False
         return utt
 
-    def cancel(self) -> int:
-        """Barge-in: stop generating now, drop queued text and undelivered audio; Cancelled follows."""
+    def cancel(self, utterance: int | None = None) -> int:
+        """Barge-in: stop generating now, drop queued text and undelivered audio; Cancelled follows.
+
+        Cancels the current utterance, or an earlier one that `end_utterance` closed but whose audio still flows.
+        """
         self._check_open()
-        utt = self.utterance
+        utt = self.utterance if utterance is None else utterance
         self._dropped_utterances.add(utt)
         kept: collections.deque[Event] = collections.deque()
         for ev in self._events:
@@ -155,8 +158,9 @@ class Session:
                 kept.append(ev)
         self._events = kept
         self._send(Cancel(self.id, utt))
-        self.utterance += 1
-        self._utterance_open = False
+        if utt == self.utterance:
+            self.utterance += 1
+            self._utterance_open = False
         return utt
 
     def close(self) -> None:

@@ -138,7 +138,8 @@ class Worker:
         elif isinstance(cmd, Cancel):
             st = self.streams.get(cmd.session)
             if st is not None:
-                self._abort_segment(st)
+                if st.segment is None or st.segment.utterance == cmd.utterance:
+                    self._abort_segment(st)
                 st.pending = collections.deque(p for p in st.pending if p[0] != cmd.utterance)
                 st.ended_utterances.discard(cmd.utterance)
                 st.session.post(Cancelled(cmd.utterance))

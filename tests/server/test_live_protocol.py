@@ -308,3 +308,27 @@ def _raw_socket_that_never_reads(srv: ServerHandle) -> socket.socket:
         )
         sock.sendall(header + mask + masked)
     return sock
+
+
+def test_cancel_after_stop_barges_into_the_finishing_utterance(server: ServerHandle) -> None:
+    async def main():
+        async with open_live(server.ws_url) as ws:
+            c = LiveClient(ws)
+            await c.start(max_new_tokens=2000)
+            await c.send({"event": "text", "text": "A long closing answer that is still being spoken. " * 8})
+            await c.send({"event": "stop"})
+            r = LiveResult()
+            await c.read_until(r, ("audio",))
+            await c.send({"event": "cancel"})
+            await c.wait_closed(r)
+            return r
+
+    r = run(main())
+    kinds = [e["event"] for e in r.events]
+    assert kinds[-2:] == ["cancelled", "finish"] and r.events[-1]["reason"] == "stop" and r.close_code == 1000
+    assert len(r.audio) < 300 * 2048 * 2  # far short of the whole utterance
+
+
+def test_refusals_answer_in_the_clients_encoding(secured_server: ServerHandle) -> None:
+    r = run(session_with(secured_server, [{"event": "start", "request": {}}], json_mode=True))
+    assert r.error_codes == ["unauthorized"] and r.close_code == 1008  # parsed as JSON text frames
