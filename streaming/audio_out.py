@@ -16,7 +16,7 @@ import numpy as np
 import soxr
 
 from streaming.audio_encoders import MEDIA_TYPES, codec_sample_rate_hz, make_encoder
-from streaming.time_stretch import MAX_SPEED, MIN_SPEED, WsolaStretcher
+from streaming.time_stretch import MAX_CHAINED_SPEED, MAX_SPEED, MIN_CHAINED_SPEED, MIN_SPEED, make_stretcher
 
 # Fish Speech 1.5's vocoder (firefly-gan-vq) output rate: what AudioOutput expects unless told otherwise.
 VOCODER_SAMPLE_RATE_HZ = 44_100
@@ -27,6 +27,9 @@ ACCEPTED_SAMPLE_RATES_HZ = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 MP3_BITRATES_KBPS = (64, 128, 192)  # Fish's `mp3_bitrate`
 OPUS_BITRATES_KBPS = (24, 32, 48, 64)  # Fish's `opus_bitrate` (its -1000 "auto" maps to bitrate_kbps=None)
 MIN_VOLUME_DB, MAX_VOLUME_DB = -20.0, 20.0  # Fish's `prosody.volume`
+# `speed` accepted by default (Fish's prosody.speed), and the widest any caller may allow (OpenAI's `speed`).
+FISH_SPEED_RANGE = (MIN_SPEED, MAX_SPEED)
+WIDE_SPEED_RANGE = (MIN_CHAINED_SPEED, MAX_CHAINED_SPEED)
 # soxr "HQ": 20-bit quality, ~96 dB stop-band, far below 16-bit output's noise floor at a fraction of VHQ's cost.
 RESAMPLE_QUALITY = "HQ"
 
@@ -51,8 +54,13 @@ class OutputFormat:
     speed: float = 1.0  # > 1 is faster; pitch is kept
 
 
-def validate_output_format(fmt: OutputFormat) -> None:
-    """Raise AudioFormatError (with `code`) unless `fmt` is something AudioOutput can produce."""
+def validate_output_format(fmt: OutputFormat, speed_range: tuple[float, float] = FISH_SPEED_RANGE) -> None:
+    """Raise AudioFormatError (with `code`) unless `fmt` is something AudioOutput can produce.
+
+    `speed_range` is Fish's 0.5–2.0 unless the caller's API allows more (at most WIDE_SPEED_RANGE, OpenAI's).
+    """
+    if not (WIDE_SPEED_RANGE[0] <= speed_range[0] <= speed_range[1] <= WIDE_SPEED_RANGE[1]):
+        raise ValueError(f"speed_range {speed_range} must lie within {WIDE_SPEED_RANGE}")
     if fmt.format in REFUSED_FORMATS:
         raise AudioFormatError("unsupported_format", f"format {fmt.format!r} is refused: {REFUSED_FORMATS[fmt.format]}")
     if fmt.format not in ACCEPTED_FORMATS:
@@ -72,9 +80,10 @@ def validate_output_format(fmt: OutputFormat) -> None:
             f"{fmt.format} bitrate {fmt.bitrate_kbps!r} kbps is not supported; use one of "
             f"{', '.join(map(str, allowed))} kbps (or leave it unset for the default)",
         )
-    if not _finite_within(fmt.speed, MIN_SPEED, MAX_SPEED):
+    lo, hi = speed_range
+    if not _finite_within(fmt.speed, lo, hi):
         raise AudioFormatError(
-            "speed_out_of_range", f"speed {fmt.speed!r} is out of range; use a value from {MIN_SPEED} to {MAX_SPEED}"
+            "speed_out_of_range", f"speed {fmt.speed!r} is out of range; use a value from {lo} to {hi}"
         )
     if not _finite_within(fmt.volume_db, MIN_VOLUME_DB, MAX_VOLUME_DB):
         raise AudioFormatError(
@@ -95,14 +104,20 @@ class AudioOutput:
     The concatenation of everything returned is one valid stream in the requested format. Not thread-safe.
     """
 
-    def __init__(self, fmt: OutputFormat, input_sample_rate_hz: int = VOCODER_SAMPLE_RATE_HZ) -> None:
-        validate_output_format(fmt)
+    def __init__(
+        self,
+        fmt: OutputFormat,
+        input_sample_rate_hz: int = VOCODER_SAMPLE_RATE_HZ,
+        *,
+        speed_range: tuple[float, float] = FISH_SPEED_RANGE,
+    ) -> None:
+        validate_output_format(fmt, speed_range)
         self.format = fmt
         self.input_sample_rate_hz = input_sample_rate_hz
         self.codec_sample_rate_hz = codec_sample_rate_hz(fmt.format, fmt.sample_rate_hz)
         self.media_type = MEDIA_TYPES[fmt.format]
         self._gain = np.float32(10.0 ** (fmt.volume_db / 20.0))
-        self._stretcher = WsolaStretcher(fmt.speed, input_sample_rate_hz) if fmt.speed != 1.0 else None
+        self._stretcher = make_stretcher(fmt.speed, input_sample_rate_hz) if fmt.speed != 1.0 else None
         self._resampler = (
             soxr.ResampleStream(input_sample_rate_hz, self.codec_sample_rate_hz, 1, "float32", RESAMPLE_QUALITY)
             if self.codec_sample_rate_hz != input_sample_rate_hz

@@ -4,7 +4,8 @@ Owns `WsolaStretcher`: float32 mono chunks in, stretched float32 chunks out, the
 Output frames of `frame_samples` are laid every `hop_samples` (50 % overlap, periodic Hann, so windows sum to one);
 frame k is read from the input near k·hop·speed, shifted within ±tolerance to the offset whose waveform best
 continues the previous frame (normalised cross-correlation, computed with one FFT), so pitch periods line up and no
-phase clicks appear. It knows nothing about sample formats, codecs or where the audio comes from.
+phase clicks appear. `ChainedStretcher` runs two passes of sqrt(speed) for OpenAI's wider 0.25–4.0 range, and
+`make_stretcher` picks one or the other. It knows nothing about sample formats, codecs or where the audio comes from.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ TOLERANCE_MS = 8.0
 # speed range accepted (Fish's `prosody.speed`); outside it WSOLA frames stop overlapping or repeat too often.
 MIN_SPEED = 0.5
 MAX_SPEED = 2.0
+# OpenAI's `speed` range: two chained passes of sqrt(speed) each keep every pass within MIN_SPEED–MAX_SPEED.
+MIN_CHAINED_SPEED = 0.25
+MAX_CHAINED_SPEED = 4.0
 # Below this correlation score every candidate is (near) silence: keep the nominal position instead of a random one.
 SILENCE_SCORE = 1e-9
 
@@ -146,3 +150,32 @@ class WsolaStretcher:
         if drop > 0:
             self._in = self._in[drop:]
             self._in_start = keep_from
+
+
+class ChainedStretcher:
+    """Two WSOLA passes of sqrt(speed) each, for speeds outside MIN_SPEED–MAX_SPEED (up to 0.25–4.0).
+
+    Same streaming contract as WsolaStretcher (chunking never changes the output); the total output length is
+    round(round(n_in / s) / s) samples with s = sqrt(speed), within 1.5 samples of n_in / speed.
+    """
+
+    def __init__(self, speed: float, sample_rate_hz: int) -> None:
+        if not (MIN_CHAINED_SPEED <= speed <= MAX_CHAINED_SPEED):
+            raise ValueError(f"speed must be within [{MIN_CHAINED_SPEED}, {MAX_CHAINED_SPEED}], got {speed}")
+        self.speed = float(speed)
+        per_pass = float(np.sqrt(speed))
+        self._first = WsolaStretcher(per_pass, sample_rate_hz)
+        self._second = WsolaStretcher(per_pass, sample_rate_hz)
+
+    def push(self, pcm_f32: np.ndarray) -> np.ndarray:
+        return self._second.push(self._first.push(pcm_f32))
+
+    def finish(self) -> np.ndarray:
+        return np.concatenate([self._second.push(self._first.finish()), self._second.finish()])
+
+
+def make_stretcher(speed: float, sample_rate_hz: int) -> WsolaStretcher | ChainedStretcher:
+    """One WSOLA pass within MIN_SPEED–MAX_SPEED (Fish's range), two chained passes beyond it (OpenAI's range)."""
+    if MIN_SPEED <= speed <= MAX_SPEED:
+        return WsolaStretcher(speed, sample_rate_hz)
+    return ChainedStretcher(speed, sample_rate_hz)

@@ -202,8 +202,10 @@ class Worker:
         st.prefill = PrefillJob(tokens, start)
         st.prompt_end = prompt_end
         st.phase = Phase.PREFILL
-        if st.client_buffer_s(self.rate_hz) <= 0:
-            st.chunk_index = 0  # the client's buffer ran dry: start again with a small chunk
+        # The client's buffer ran dry (a pause in the text): start again with a small chunk. That decision reads the
+        # clock, and chunk boundaries move the last bit of the audio, so seeded (reproducible) streams skip it.
+        if s.seed is None and st.client_buffer_s(self.rate_hz) <= 0:
+            st.chunk_index = 0
         self.prefill_queue.append(st.session.id)
 
     def _segment_prompt(self, st: Stream, seg_tokens: torch.Tensor, condition: bool) -> tuple[torch.Tensor, int]:
