@@ -228,7 +228,8 @@ class LiveConnection:
         )
         if params.text:
             self._note_text()
-            self._speak(self.segmenter.feed(params.text, time.monotonic()))
+            text = normalize_text(params.text) if params.normalize else params.text
+            self._speak(self.segmenter.feed(text, time.monotonic()))
 
     def _note_text(self) -> None:
         assert self.session is not None and self.params is not None
