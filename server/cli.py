@@ -1,4 +1,5 @@
-"""`fishgate` command line: `serve` (the gateway), `convert` (checkpoint → safetensors).
+"""`fishgate` command line: `serve` (the gateway), `convert` (checkpoint → safetensors), `ttfa` (latency probe
+against any Fish live URL), `synth` (offline one-shot synthesis to a WAV file, through the streaming engine).
 
 The only place that configures logging and process-wide torch settings. `serve` runs uvicorn with a graceful
 drain on SIGTERM/SIGINT: readiness turns false, new sessions are refused, running utterances get `--drain-grace-s`
@@ -31,11 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     conv = sub.add_parser("convert", help="write safetensors next to a checkpoint's .pth files (zero-copy loads)")
     conv.add_argument("checkpoint", type=Path, help="Fish Speech 1.5 checkpoint folder")
     conv.add_argument("--out", type=Path, default=None, help="write a converted copy here instead")
+    from .ttfa import add_arguments as add_ttfa_arguments
+
+    add_ttfa_arguments(
+        sub.add_parser("ttfa", help="measure time to first audio, gaps and underruns against a Fish live URL")
+    )
+    _add_synth_arguments(sub.add_parser("synth", help="synthesize text to a WAV file (same engine path as streaming)"))
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
     if args.command == "convert":
         return convert(args)
+    if args.command == "ttfa":
+        return ttfa(args)
+    if args.command == "synth":
+        return synth(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -155,6 +166,112 @@ def convert(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def ttfa(args: argparse.Namespace) -> int:
+    from . import ttfa as probe
+    from .ttfa_report import format_table, summarize, write_outputs
+
+    try:
+        config = probe.config_from(args)
+        levels = probe.parse_levels(args.concurrency)
+        texts = probe.read_texts(args.texts) if args.texts is not None else list(probe.CORPUS)
+    except (ValueError, OSError) as e:
+        print(f"fishgate ttfa: {e}", file=sys.stderr)
+        return 2
+    done = {level: 0 for level in levels}
+
+    def progress(r: probe.RequestResult) -> None:
+        done[r.concurrency] += 1
+        ttfa_ms = "-" if r.ttfa_ms is None else f"{r.ttfa_ms:.0f} ms"
+        rtf = "-" if r.rtf is None else f"{r.rtf:.2f}"
+        status = f"ERROR {r.error}" if r.error else "ok"
+        sys.stderr.write(
+            f"[c={r.concurrency} {done[r.concurrency]}/{args.requests}] #{r.index} ttfa {ttfa_ms}, "
+            f"audio {r.audio_s:.2f} s, underruns {r.underruns} ({r.underrun_ms:.0f} ms), rtf {rtf}: {status}\n"
+        )
+        sys.stderr.flush()
+
+    results = asyncio.run(probe.run_benchmark(levels, args.requests, config, texts, progress))
+    print(format_table([summarize(c, rs) for c, rs in results.items()]))
+    for path in write_outputs(args.out, config, results, plots=not args.no_plots):
+        print(f"wrote {path}")
+    return 1 if any(r.error for rs in results.values() for r in rs) else 0
+
+
+def _add_synth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("text", help="the text to speak")
+    p.add_argument("-o", "--output", type=Path, required=True, help="WAV file to write (16-bit mono)")
+    p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint folder (default: the embedded model)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N [default auto]")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (same seed = same audio as streaming)")
+    p.add_argument("--voice-audio", type=Path, default=None, help="reference recording to clone (WAV/FLAC/MP3/Ogg)")
+    p.add_argument("--voice-text", default=None, help="transcript of --voice-audio")
+    p.add_argument("--temperature", type=float, default=0.7, help="[default 0.7; 0 = greedy]")
+    p.add_argument("--top-p", type=float, default=0.7, help="[default 0.7]")
+    p.add_argument("--repetition-penalty", type=float, default=1.2, help="[default 1.2]")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="frames per text segment [default 1024]")
+    p.add_argument("--chunk-length", type=int, default=200, help="characters per text segment [default 200]")
+    p.add_argument("--latency", default="balanced", choices=("low", "balanced", "normal"), help="[default balanced]")
+    p.add_argument("--sample-rate", type=int, default=44_100, help="output rate in Hz [default 44100]")
+    p.add_argument("--no-normalize", action="store_true", help="speak the text as given (no NFKC clean-up)")
+
+
+def synth(args: argparse.Namespace) -> int:
+    _configure_logging("warning")
+    from streaming.errors import FishgateError
+
+    from .params import parse_tts_request
+
+    if (args.voice_audio is None) != (args.voice_text is None):
+        print("fishgate synth: --voice-audio and --voice-text go together (a recording and its words)", file=sys.stderr)
+        return 2
+    request = {
+        "text": "", "format": "pcm", "sample_rate": args.sample_rate, "seed": args.seed,
+        "temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
+        "max_new_tokens": args.max_new_tokens, "chunk_length": args.chunk_length, "latency": args.latency,
+        "normalize": not args.no_normalize,
+    }  # fmt: skip
+    try:  # the live endpoint's own validation and defaults, so both paths build identical settings
+        params = parse_tts_request(request, max_text_chars=len(args.text) + 1)
+        voice_audio = args.voice_audio.read_bytes() if args.voice_audio is not None else None
+        pcm, rate_hz = asyncio.run(_synthesize(args, params, voice_audio))
+    except (FishgateError, ValueError, OSError, RuntimeError) as e:
+        print(f"fishgate synth: {e}", file=sys.stderr)
+        return 2
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    from streaming.audio_encoders import wav_header
+
+    args.output.write_bytes(wav_header(rate_hz, len(pcm)) + pcm)
+    print(f"wrote {args.output} ({len(pcm) // 2 / rate_hz:.2f} s at {rate_hz} Hz)")
+    return 0
+
+
+async def _synthesize(args: argparse.Namespace, params: Any, voice_audio: bytes | None) -> tuple[bytes, int]:
+    """Start an engine, speak the text through streaming.synth, encode as the live endpoint's pcm output does."""
+    from streaming.audio_out import AudioOutput
+    from streaming.backend import BackendConfig
+    from streaming.engine import Engine, EngineConfig
+    from streaming.session import Voice
+    from streaming.synth import reference_voice, synthesize
+
+    from .params import REFERENCE_SECONDS, normalize_text
+
+    engine = Engine(EngineConfig(BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1)))
+    engine.start()
+    try:
+        if not await asyncio.to_thread(engine.wait_ready):
+            raise RuntimeError(f"the engine did not start: {engine.fault}")
+        voice = Voice()
+        if voice_audio is not None:
+            lo, hi = REFERENCE_SECONDS
+            voice = await reference_voice(engine, voice_audio, args.voice_text, min_duration_s=lo, max_duration_s=hi)
+        text = normalize_text(args.text) if params.normalize else args.text
+        pcm_f32 = await synthesize(engine, text, voice, params.settings, params.segmenter)
+    finally:
+        engine.stop()
+    output = AudioOutput(params.output)
+    return output.push(pcm_f32) + output.finish(), params.output.sample_rate_hz
 
 
 if __name__ == "__main__":

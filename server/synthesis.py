@@ -29,16 +29,15 @@ from streaming.errors import (
     UnknownVoice,
     ValueOutOfRange,
 )
-from streaming.segmenter import Segmenter, SegmenterConfig
+from streaming.segmenter import SegmenterConfig
 from streaming.session import AudioChunk, SegmentDone, SessionError, SynthesisSettings, UtteranceDone, Voice
+from streaming.synth import segment_text
 
 from .gateway import Gateway
 from .wire import INTERNAL_MESSAGE
 
 log = logging.getLogger(__name__)
 
-# Text fed to the segmenter per call: far below its buffer limit, and cuts do not depend on how text is fed.
-FEED_CHARS = 2000
 # engine error codes (SessionError.code) → the exception family `to_wire` maps; anything else is internal
 _EVENT_ERRORS: dict[str, type[FishgateError]] = {
     cls.code: cls
@@ -61,16 +60,6 @@ class SynthesisJob:
     speed_range: tuple[float, float] = FISH_SPEED_RANGE  # OpenAI allows 0.25–4.0
 
 
-def split_text(text: str, config: SegmenterConfig) -> list[str]:
-    """The segments the live WebSocket would speak for `text` sent in one piece and then `stop`."""
-    segmenter = Segmenter(config)
-    segments = []
-    for start in range(0, len(text), FEED_CHARS):
-        segments += segmenter.feed(text[start : start + FEED_CHARS], 0.0)
-    segments += segmenter.finish()
-    return [s.spoken_text for s in segments if s.spoken_text]
-
-
 def error_from_event(ev: SessionError) -> FishgateError:
     cls = _EVENT_ERRORS.get(ev.code)
     return cls(ev.message) if cls is not None else EngineFault(INTERNAL_MESSAGE)
@@ -84,7 +73,7 @@ class Synthesis:
     """
 
     def __init__(self, engine: Engine, job: SynthesisJob) -> None:
-        segments = split_text(job.text, job.segmenter)
+        segments = segment_text(job.text, job.segmenter)
         if not segments:
             raise ValueOutOfRange("the text has nothing to speak (only spaces, punctuation or symbols); send words")
         rate_hz = engine.info.sample_rate_hz if engine.info is not None else 44_100

@@ -12,8 +12,8 @@ import msgpack
 import openai
 import pytest
 
-from server.synthesis import split_text
 from streaming.segmenter import Segmenter, SegmenterConfig
+from streaming.synth import segment_text as split_text
 from tests.server.conftest import API_KEY, ServerHandle
 from tests.server.http_helpers import (
     FRAME_SAMPLES,

@@ -1,0 +1,131 @@
+"""`fishgate ttfa`: playout/underrun accounting on known arrivals, byte counting, and full runs on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from matplotlib.image import imread
+
+from server.cli import main
+from server.ttfa import (
+    CORPUS,
+    ProbeConfig,
+    SampleCounter,
+    measure_request,
+    simulate_playout,
+    stream_tokens,
+    unique_texts,
+)
+from streaming.audio_encoders import wav_header
+from tests.server.conftest import ServerHandle, free_port
+
+SAMPLES_PER_FRAME = 2048
+RATE_HZ = 44100
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- accounting on synthetic arrivals -------------------------------------------------------------------------------
+def test_playout_without_underruns() -> None:
+    # 1000 Hz: chunks of 500 samples last 0.5 s; each arrives before the player needs it
+    p = simulate_playout([(0.25, 500), (0.5, 500), (1.0, 500), (1.75, 500)], 1000)
+    assert p.first_audio_s == 0.25 and p.audio_s == 2.0 and p.end_s == 2.25
+    assert p.underruns == () and p.underrun_ms == 0.0
+    assert p.chunk_gaps_ms == pytest.approx((250.0, 500.0, 750.0))
+
+
+def test_playout_underruns_known_answers() -> None:
+    # plays 1.0–1.5; chunk 2 arrives 2.0 (dry 0.5 s), plays 2.0–3.0; chunk 3 at 3.0 exactly (not an underrun),
+    # plays 3.0–3.25; chunk 4 at 3.5 (dry 0.25 s); a header-only frame (0 samples) at 1.2 changes nothing
+    arrivals = [(1.0, 500), (1.25, 0), (2.0, 1000), (3.0, 250), (3.5, 250)]
+    p = simulate_playout(arrivals, 1000)
+    assert p.first_audio_s == 1.0 and p.audio_s == 2.0 and p.end_s == 3.75
+    assert [(u.at_s, u.gap_ms) for u in p.underruns] == [(1.5, 500.0), (3.25, 250.0)]
+    assert p.underrun_ms == 750.0
+    assert p.chunk_gaps_ms == (1000.0, 1000.0, 500.0)
+
+
+def test_playout_no_audio() -> None:
+    p = simulate_playout([(0.5, 0)], 1000)
+    assert p.first_audio_s is None and p.end_s is None and p.audio_s == 0.0 and p.underruns == ()
+
+
+def test_sample_counter_skips_wav_header_and_reads_its_rate() -> None:
+    c = SampleCounter("wav", 44100)
+    header = wav_header(24000)
+    assert c.feed(header[:20]) == 0  # a header, even split across frames, is not audio
+    assert c.feed(header[20:] + b"\x01") == 0  # half a sample
+    assert c.feed(b"\x02" * 5) == 3
+    assert c.sample_rate_hz == 24000
+    pcm = SampleCounter("pcm", 16000)
+    assert pcm.feed(b"\x00" * 7) == 3 and pcm.feed(b"\x00") == 1
+    with pytest.raises(ValueError, match="pcm, wav"):
+        SampleCounter("mp3", 44100)
+
+
+def test_unique_texts_never_repeat() -> None:
+    texts = unique_texts(CORPUS, 3 * len(CORPUS) ** 2, 0)
+    assert len(set(texts)) == len(texts)
+    assert unique_texts(CORPUS, 5, 10) == texts[10:15]
+    assert unique_texts(["a", "b"], 6) == ["a", "b", "a b", "b a", "a Number 0.", "b Number 0."]
+
+
+def test_stream_tokens_join_back() -> None:
+    text = "  Hello there,  how are\nyou? "
+    tokens = stream_tokens(text)
+    assert "".join(tokens) == text and len(tokens) == 5
+
+
+# ---- against the real server ----------------------------------------------------------------------------------------
+def test_ttfa_cli_against_server(server: ServerHandle, tmp_path, capsys) -> None:
+    before = server.gateway.engine.stats()["vocoded_frames"]
+    out = tmp_path / "run"
+    texts = tmp_path / "texts.txt"  # short texts keep the test fast; 5 lines for 8 requests exercises pairing
+    texts.write_text("Good morning.\n\nSee you soon, Sam.\nIs it raining?\nTwo plus two is four.\nThanks a lot!\n")
+    argv = ["ttfa", server.ws_url, "--concurrency", "1,4", "--requests", "4", "--texts", str(texts)]
+    assert main([*argv, "--out", str(out), "--seed", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "| conc |" in captured.out and captured.err.count("ttfa ") == 8  # one progress line per request
+    doc = json.loads((out / "ttfa.json").read_text())
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4]
+    requests = [r for lv in doc["levels"] for r in lv["requests"]]
+    assert len(requests) == 8 and len({r["text"] for r in requests}) == 8
+    for r in requests:
+        assert r["error"] is None and r["finish_reason"] == "stop"
+        assert 0 < r["ttfa_ms"] < 10_000
+        # the player starts at the first audio byte and plays at least as long as the audio lasts
+        assert r["playout_end_s"] >= r["ttfa_ms"] / 1000 + r["audio_s"] - 1e-9
+        assert r["rtf"] > 0 and r["chunks"] >= 2 and r["arrivals"][0][0] * 1000 == pytest.approx(r["ttfa_ms"], abs=0.01)
+        # cross-check with the server's own timing event (it starts at text receipt, ends after the audio send)
+        assert r["server_first_audio_ms"] - 50 <= r["ttfa_ms"] <= r["server_first_audio_ms"] + 1000
+        # the untrained model speaks at most ~1.5 frames per character (it may sample its end token sooner)
+        assert round(r["audio_s"] * RATE_HZ) % SAMPLES_PER_FRAME == 0
+        assert 4 <= r["audio_s"] * RATE_HZ / SAMPLES_PER_FRAME <= 1.5 * len(r["text"]) + 8
+    # every sample the engine vocoded arrived, and nothing else was counted as audio
+    vocoded = server.gateway.engine.stats()["vocoded_frames"] - before
+    assert sum(r["audio_s"] for r in requests) * RATE_HZ == pytest.approx(vocoded * SAMPLES_PER_FRAME)
+    for level in doc["levels"]:
+        s = level["summary"]
+        assert s["errors"] == 0 and s["ok"] == 4
+        assert s["ttfa_p50_ms"] <= s["ttfa_p95_ms"] <= s["ttfa_p99_ms"] <= s["ttfa_max_ms"]
+    for name in ("ttfa_cdf.png", "underrun_timeline.png"):
+        path = out / name
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        image = imread(path)
+        assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_streamed_text_waits_for_the_sentence(server: ServerHandle) -> None:
+    text = "The quick brown fox jumps over the lazy dog."  # one sentence: audio can start only after its last word
+    config = ProbeConfig(url=server.ws_url, tokens_per_s=50.0, format="wav", sample_rate_hz=24000, seed=5)
+    r = asyncio.run(measure_request(text, config))
+    assert r.error is None and r.text_frames == len(stream_tokens(text)) == 9
+    assert r.ttfa_ms is not None and r.ttfa_ms >= (r.text_frames - 1) / 50.0 * 1000
+    assert r.sample_rate_hz == 24000 and r.audio_s > 0.1
+
+
+def test_unreachable_server_is_an_error_not_a_hang() -> None:
+    config = ProbeConfig(url=f"ws://127.0.0.1:{free_port()}/v1/tts/live", timeout_s=5.0)
+    r = asyncio.run(measure_request("Hello.", config))
+    assert r.error is not None and r.ttfa_ms is None and r.audio_s == 0.0
