@@ -20,11 +20,13 @@ class Latency(Enum):
     NORMAL = "normal"  # first audio after 8 frames (372 ms): fewest, largest calls
 
 
-# Frames per chunk, by chunk index; the last entry repeats. Every size also has a captured vocoder graph on GPU.
+# Frames per chunk, by chunk index; the last entry repeats. Each size appears twice before it grows, so while
+# chunk k plays the next one needs about 1x real time to arrive (a doubling ramp needs 2x: measured underruns
+# at 8 concurrent CPU streams with 4 → 8 → 16). Every size also has a captured vocoder graph on GPU.
 SCHEDULES: dict[Latency, tuple[int, ...]] = {
-    Latency.LOW: (2, 4, 8, 16, 24),
-    Latency.BALANCED: (4, 8, 16, 24),
-    Latency.NORMAL: (8, 16, 24),
+    Latency.LOW: (2, 2, 4, 4, 8, 8, 16, 24),
+    Latency.BALANCED: (4, 4, 8, 8, 16, 24),
+    Latency.NORMAL: (8, 8, 16, 24),
 }
 # Chunk sizes the engine may ever ask for outside a schedule (segment tails are split into these).
 TAIL_SIZES = (16, 8, 4, 2, 1)

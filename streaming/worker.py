@@ -227,31 +227,37 @@ class Worker:
         return prompt, 0
 
     def _prefill_step(self) -> None:
-        """Write one chunk of the oldest prefill; with nothing decoding, finish it outright."""
-        if not self.prefill_queue:
+        """Write up to `prefill_chunk_tokens` of queued prompts, oldest first (several short ones fit in one turn),
+        so running streams never wait more than one chunk; with nothing decoding, the budget is unlimited."""
+        budget = self.limits.prefill_chunk_tokens if self.rows.active else None
+        while self.prefill_queue and (budget is None or budget > 0):
+            sid = self.prefill_queue[0]
+            st = self.streams[sid]
+            job = st.prefill
+            assert job is not None
+            take = job.remaining if budget is None else min(budget, job.remaining)
+            if budget is not None:
+                budget -= take
+            try:
+                self._prefill_chunk(st, job, take)
+            except Exception as e:
+                self._fail(st, e)
+
+    def _prefill_chunk(self, st: Stream, job: PrefillJob, take: int) -> None:
+        row = self.rows.row[st.session.id]
+        chunk = job.tokens[:, job.done : job.done + take]
+        logits, hidden = self.b.prefill(row, chunk, job.next_pos)
+        job.done += chunk.shape[1]
+        self.stats.prefill_tokens += chunk.shape[1]
+        if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len:
+            st.prefix_cached = True
+        self.b.stepper.pos[row] = job.next_pos  # idle decode writes land past the valid positions
+        self.row_pos[row] = job.next_pos
+        if job.remaining:
             return
-        sid = self.prefill_queue[0]
-        st = self.streams[sid]
-        job = st.prefill
-        assert job is not None
-        budget = job.remaining if not self.rows.active else self.limits.prefill_chunk_tokens
-        row = self.rows.row[sid]
-        try:
-            chunk = job.tokens[:, job.done : job.done + budget]
-            logits, hidden = self.b.prefill(row, chunk, job.next_pos)
-            job.done += chunk.shape[1]
-            self.stats.prefill_tokens += chunk.shape[1]
-            if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len:
-                st.prefix_cached = True
-            self.b.stepper.pos[row] = job.next_pos  # idle decode writes land past the valid positions
-            self.row_pos[row] = job.next_pos
-            if job.remaining:
-                return
-            self.prefill_queue.pop(0)
-            st.prefill = None
-            self._begin_decoding(st, row, logits, hidden)
-        except Exception as e:
-            self._fail(st, e)
+        self.prefill_queue.pop(0)
+        st.prefill = None
+        self._begin_decoding(st, row, logits, hidden)
 
     def _begin_decoding(self, st: Stream, row: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         s = st.session.settings
