@@ -15,7 +15,7 @@ import torch
 
 from .dual_ar import DualARTransformer
 from .kv_cache import KVCache
-from .sampling import sample
+from .sampling import noise_from_keys, noise_keys, sample
 
 # Upstream's repetition-penalty window, in frames.
 PENALTY_WINDOW_FRAMES = 16
@@ -40,6 +40,21 @@ class SamplingTensors:
             return torch.full((rows,), v, dtype=torch.float32, device=device)
 
         return SamplingTensors(full(temperature), full(top_p), full(repetition_penalty))
+
+
+def frame_noise(seed: torch.Tensor, step: torch.Tensor, vocab: int, num_codebooks: int, codebook_size: int) -> NoiseFn:
+    """All of one frame's noise streams drawn up front in three batched hashes (bitwise what per-stream
+    `exponential_noise` calls give): the main token's (B, vocab) and codebooks 1..nc−1 as (B, nc−1, codebook_size)."""
+    keys = noise_keys(seed, step, 0, num_codebooks)  # (B, nc)
+    main = noise_from_keys(keys[:, 0], vocab)
+    codes = noise_from_keys(keys[:, 1:], codebook_size)
+
+    def noise(stream: int, n: int) -> torch.Tensor:
+        if n != (vocab if stream == 0 else codebook_size):
+            raise ValueError(f"frame_noise drew stream {stream} with a different width than {n}")
+        return main if stream == 0 else codes[:, stream - 1]
+
+    return noise
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,11 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class RMSNorm(nn.Module):
-    """Normalise in fp32, cast back, then scale in the model dtype (upstream's order of operations)."""
+    """Normalise in fp32, cast back, then scale in the model dtype (upstream's order of operations).
+
+    F.rms_norm is one fused kernel on CUDA where the spelled-out formula was seven (−0.67 ms per batch-1 decode
+    step on an H200, same greedy frames; bench/NOTES.md); it computes x·rsqrt(mean(x²) + eps) like upstream.
+    """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -49,8 +53,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.type_as(x) * self.weight
 
 
@@ -88,10 +91,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         kv_size = self.n_local_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([self.dim, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(bsz, seqlen, self.n_head, self.head_dim), freqs)
-        k = apply_rope(k.view(bsz, seqlen, self.n_local_heads, self.head_dim), freqs)
-        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        qkv = self.wqkv(x)
+        # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
+        qk = qkv[..., : self.dim + kv_size].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
+        q, k = apply_rope(qk, freqs).split([self.n_head, self.n_local_heads], dim=2)  # (B, T, H|Hkv, hd)
+        v = qkv[..., self.dim + kv_size :].view(bsz, seqlen, self.n_local_heads, self.head_dim)
 
         group = self.n_head // self.n_local_heads
         # Query head h reads kv head h // group (upstream's repeat_interleave). Folding the group into the query

@@ -5,18 +5,20 @@ window, noise seed and counter, sampling parameters, commit flag) at fixed addre
 bucket (and attention-length bucket) replays over rows [0, B) with no host work but filling the commit flags.
 A step advances only rows whose commit flag is set; other rows in the bucket (idle sessions, free rows, stalled
 streams) compute and discard. Knows nothing about sessions or text: the engine maps sessions to rows.
+Optionally the step is compiled (torch.compile, one static graph per bucket) before capture: inductor fuses the
+thousands of small kernels of a step; the CUDA graph still removes the launches (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .dual_ar import DualARTransformer
-from .frame import PENALTY_WINDOW_FRAMES, SamplingTensors, sample_frame
-from .sampling import exponential_noise
+from .frame import PENALTY_WINDOW_FRAMES, NoiseFn, SamplingTensors, frame_noise, sample_frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +48,12 @@ class DecodeStepper:
         max_seq_len: int | None = None,
         use_cuda_graphs: bool = False,
         length_buckets: list[int] | None = None,
+        compile_backend: str | None = None,
+        compile_max_batch: int | None = None,
     ) -> None:
+        """`compile_backend` ("inductor"; "eager" only checks tracing) compiles the step for batch buckets up to
+        `compile_max_batch` (default: all); each (batch, length) bucket compiles once, on its first use or capture.
+        Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -79,6 +86,15 @@ class DecodeStepper:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self._prefill_fast_cache = model.make_fast_cache(1)
+        self.compile_max_batch = compile_max_batch or n_rows
+        self._compiled_step: Callable[[int, int], None] | None = None
+        if compile_backend is not None:
+            # one static graph per (batch, length) bucket: let dynamo keep all of them instead of falling back
+            variants = len(self.batch_buckets) * len(self.length_buckets)
+            dynamo_config = torch._dynamo.config
+            name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), variants))
+            self._compiled_step = torch.compile(self._step_impl, backend=compile_backend, fullgraph=True, dynamic=False)
 
     # ---- row state (host calls, outside graphs) ----------------------------------------------------------------------
     def set_sampling(self, row: int, s: RowSampling) -> None:
@@ -105,10 +121,9 @@ class DecodeStepper:
         params = SamplingTensors(
             self.temperature[row : row + 1], self.top_p[row : row + 1], self.repetition_penalty[row : row + 1]
         )
-        seed, step = self.seed[row : row + 1], self.noise_step[row : row + 1]
         frame = sample_frame(
             self.model, logits.unsqueeze(0), hidden.unsqueeze(0), self._prefill_fast_cache, params,
-            lambda stream, n: exponential_noise(seed, step, stream, n),
+            self._noise(self.seed[row : row + 1], self.noise_step[row : row + 1], logits.shape[-1]),
         )[0]  # fmt: skip
         self.frame[row] = frame
         self.pos[row] = next_pos
@@ -144,6 +159,10 @@ class DecodeStepper:
         n = self.length_buckets[bisect.bisect_right(self.length_buckets, max_pos)]
         return b, n
 
+    def _noise(self, seed: torch.Tensor, step: torch.Tensor, vocab: int) -> NoiseFn:
+        c = self.model.config
+        return frame_noise(seed, step, vocab, c.num_codebooks, c.codebook_size)
+
     def _step_impl(self, rows: int, attn_len: int) -> None:
         """Advance committed rows in [0, rows) by one frame; every write goes to fixed-address tensors."""
         c = self.model.config
@@ -152,8 +171,7 @@ class DecodeStepper:
         seed, step = self.seed[:rows], self.noise_step[:rows]
         params = SamplingTensors(self.temperature[:rows], self.top_p[:rows], self.repetition_penalty[:rows])
         new = sample_frame(
-            self.model, logits, hidden, self.fast_cache, params,
-            lambda stream, n: exponential_noise(seed, step, stream, n),
+            self.model, logits, hidden, self.fast_cache, params, self._noise(seed, step, logits.shape[-1]),
             window=self.window[:rows],
         )  # fmt: skip
         keep = commit.unsqueeze(1)
@@ -167,6 +185,13 @@ class DecodeStepper:
         self.loop_step[:rows].add_(inc)
         step.add_(inc)
 
+    def _run_step(self, rows: int, attn_len: int) -> None:
+        """The step for one bucket: compiled where asked for, else eager PyTorch."""
+        if self._compiled_step is not None and rows <= self.compile_max_batch:
+            self._compiled_step(rows, attn_len)
+        else:
+            self._step_impl(rows, attn_len)
+
     @torch.inference_mode()
     def step(self, rows: int, max_pos: int) -> torch.Tensor:
         """One decode step for rows [0, rows) (set `commit` first). Returns new frames (rows, 1+nc) on the host —
@@ -178,7 +203,7 @@ class DecodeStepper:
                 graph = self.capture(bucket, attn_len)
             graph.replay()
         else:
-            self._step_impl(bucket, attn_len)
+            self._run_step(bucket, attn_len)
         return self.out[:rows].to("cpu", copy=True)  # a copy: `out` is overwritten by the next step
 
     @torch.inference_mode()
@@ -190,12 +215,12 @@ class DecodeStepper:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._step_impl(bucket, attn_len)
+            for _ in range(2):  # the first run also compiles, when compiling
+                self._run_step(bucket, attn_len)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._step_impl(bucket, attn_len)
+            self._run_step(bucket, attn_len)
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)
