@@ -86,6 +86,10 @@ class DecodeStepper:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self._prefill_fast_cache = model.make_fast_cache(1)
+        # pinned host mirrors: the commit flags go up and the new frames come down without an extra sync
+        pin = device.type == "cuda"
+        self._commit_host = torch.zeros(n_rows, dtype=torch.bool, pin_memory=pin)
+        self._out_host = torch.zeros(n_rows, width, dtype=torch.int64, pin_memory=pin)
         self.compile_max_batch = compile_max_batch or n_rows
         self._compiled_step: Callable[[int, int], None] | None = None
         if compile_backend is not None:
@@ -193,9 +197,15 @@ class DecodeStepper:
             self._step_impl(rows, attn_len)
 
     @torch.inference_mode()
+    def set_commit(self, flags: list[bool]) -> None:
+        """Which of rows [0, len(flags)) advance at the next step (an async copy from pinned memory)."""
+        n = len(flags)
+        self._commit_host[:n] = torch.tensor(flags, dtype=torch.bool)
+        self.commit[:n].copy_(self._commit_host[:n], non_blocking=True)
+
     def step(self, rows: int, max_pos: int) -> torch.Tensor:
-        """One decode step for rows [0, rows) (set `commit` first). Returns new frames (rows, 1+nc) on the host —
-        the step's only device→host copy. Positions must stay below `max_seq_len`."""
+        """One decode step for rows [0, rows) (set the commit flags first). Returns new frames (rows, 1+nc) on the
+        host — the step's only device→host copy and its only sync. Positions must stay below `max_seq_len`."""
         bucket, attn_len = self.bucket_for(rows, max_pos)
         if self.use_cuda_graphs:
             graph = self._graphs.get((bucket, attn_len))
@@ -204,7 +214,11 @@ class DecodeStepper:
             graph.replay()
         else:
             self._run_step(bucket, attn_len)
-        return self.out[:rows].to("cpu", copy=True)  # a copy: `out` is overwritten by the next step
+        if self.out.device.type == "cpu":
+            return self.out[:rows].clone()  # a copy: `out` is overwritten by the next step
+        self._out_host[:rows].copy_(self.out[:rows], non_blocking=True)
+        torch.cuda.current_stream(self.out.device).synchronize()
+        return self._out_host[:rows].clone()
 
     @torch.inference_mode()
     def capture(self, bucket: int, attn_len: int) -> torch.cuda.CUDAGraph:

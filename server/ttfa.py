@@ -162,11 +162,16 @@ class ProbeConfig:
     latency: str | None = None  # Fish `latency`; None: the server's default
     reference_id: str | None = None
     seed: int | None = None  # fishgate extension (other servers ignore unknown fields)
+    max_new_tokens: int | None = None  # Fish `max_new_tokens` (frames per text segment); None: the server's default
     timeout_s: float = 120.0  # per request, connect to finish
 
     def request(self) -> dict[str, Any]:
         req: dict[str, Any] = {"text": "", "format": self.format, "sample_rate": self.sample_rate_hz}
-        for key, value in (("latency", self.latency), ("reference_id", self.reference_id), ("seed", self.seed)):
+        optional = (
+            ("latency", self.latency), ("reference_id", self.reference_id), ("seed", self.seed),
+            ("max_new_tokens", self.max_new_tokens),
+        )  # fmt: skip
+        for key, value in optional:
             if value is not None:
                 req[key] = value
         return req
@@ -416,6 +421,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--latency", default=None, choices=("low", "balanced", "normal"), help="Fish latency mode (server default)")
     a("--reference-id", default=None, help="a stored voice on the server")
     a("--seed", type=int, default=None, help="fishgate extension: fixed sampling seed")
+    a("--max-new-tokens", type=int, default=None, help="Fish max_new_tokens: frames per text segment")
     a("--timeout-s", type=float, default=120.0, help="per-request limit, connect to finish [default 120]")
     a("--out", type=Path, default=Path("ttfa-results"), help="folder for ttfa.json and plots [default ttfa-results]")
     a("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
@@ -447,5 +453,6 @@ def config_from(args: argparse.Namespace) -> ProbeConfig:
         latency=args.latency,
         reference_id=args.reference_id,
         seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
         timeout_s=args.timeout_s,
     )

@@ -22,8 +22,9 @@ from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
 from model.prompt import PromptBuilder
-from model.stepper import DecodeStepper, RowSampling
+from model.stepper import DecodeStepper, RowSampling, power_of_two_buckets
 from model.vocoder import FireflyCodec
+from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,14 @@ class Backend:
             use_cuda_graphs=config.cuda_graphs,
             length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
         )
-        self.vocoder = StreamingDecoder(self.codec, max_slots=config.max_sessions)
+        # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
+        graphs = self.device.type == "cuda" and config.cuda_graphs
+        self.vocoder = StreamingDecoder(self.codec, max_slots=config.max_sessions * (2 if graphs else 1))
+        self.vocoder_graphs = (
+            GraphedVocoder(self.vocoder, config.max_sessions, power_of_two_buckets(config.max_sessions))
+            if graphs
+            else None
+        )
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self.im_end_id = self.tokenizer.im_end_id
         self.max_seq_len = self.stepper.max_seq_len
@@ -144,7 +152,7 @@ class Backend:
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc)."""
-        self.stepper.commit[:rows].copy_(torch.tensor(commit, dtype=torch.bool), non_blocking=True)
+        self.stepper.set_commit(list(commit))
         return self.stepper.step(rows, max_pos).numpy()
 
     def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
@@ -167,7 +175,8 @@ class Backend:
             for batch in batches:
                 codes_t = torch.from_numpy(np.stack([codes[i] for i in batch])).to(self.device)
                 slots_t = torch.tensor([slots[i] for i in batch], device=self.device)
-                audio = self.vocoder.decode(codes_t, slots_t).float().cpu().numpy()
+                decode = self.vocoder_graphs.decode if self.vocoder_graphs is not None else self.vocoder.decode
+                audio = decode(codes_t, slots_t).float().cpu().numpy()
                 for j, i in enumerate(batch):
                     out[i] = audio[j]
         return [a for a in out if a is not None]

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, then the whole gateway end to end on the H200 — `fishgate serve` on a full-size
+# random-weight Fish 1.5 checkpoint (bf16, CUDA graphs) and `fishgate ttfa` with real WebSocket clients at several
+# concurrency levels (a ~650-frame stored voice puts streams at positions 1,000-2,000; lengths fixed by
+# max_new_tokens). Usage on the GPU machine, repo root, wheels in .whl (see bench/NOTES.md):
+#   bash bench/run_server_gpu.sh          (results under $OUT)
+set -u
+OUT=${OUT:-/tmp/fishgate-server-bench}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+stamp "gpu tests"
+timeout 150 python3 -m pytest tests/model/test_gpu.py tests/streaming/test_engine_gpu.py -q -s -p no:cacheprovider 2>&1 | tail -8
+stamp "checkpoint"
+python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs
+python3 - > /tmp/texts.txt <<'PY'
+import random
+random.seed(0)
+words = "the quick brown fox jumps over a lazy dog while seven bright stars shine above quiet hills near the river".split()
+for i in range(600):
+    print(f"Request {i}: " + " ".join(random.choice(words) for _ in range(14)) + ".")
+PY
+stamp "serve"
+python3 -m server.cli serve --checkpoint /tmp/ckpt --references-dir /tmp/refs --device cuda \
+  --max-sessions "${MAX_SESSIONS:-512}" --rate-limit-per-min 1000000 --log-level warning > "$OUT/server.log" 2>&1 &
+SERVER=$!
+for i in $(seq 1 300); do
+  curl -sf localhost:7860/readyz >/dev/null && break
+  kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/server.log"; exit 1; }
+  sleep 1
+done
+stamp "ready"
+curl -s localhost:7860/healthz; echo
+TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
+stamp "warm-up (captures vocoder graphs)"
+timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
+for level in ${LEVELS:-1 64 256 384 512}; do
+  n=$(( level < 8 ? 8 : level ))
+  stamp "level $level"
+  timeout 200 $TTFA --concurrency $level --requests $n --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
+  cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_$level.json" 2>/dev/null
+  curl -s localhost:7860/metrics | grep -E '^fishgate_engine|^fishgate_gpu' | tr '\n' ' '; echo
+done
+stamp "done"
+kill -TERM $SERVER; wait $SERVER
+grep -E "engine ready|ERROR|CRITICAL" "$OUT/server.log" | head -20
