@@ -48,6 +48,7 @@ class DecodeStepper:
         max_seq_len: int | None = None,
         use_cuda_graphs: bool = False,
         length_buckets: list[int] | None = None,
+        max_batch: int | None = None,
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
     ) -> None:
@@ -63,7 +64,8 @@ class DecodeStepper:
         # batch-invariant runs attend over one fixed length; otherwise the smallest bucket covering all rows
         full = self.cache.max_seq_len
         self.length_buckets = sorted({min(b, full) for b in (length_buckets or [full])} | {full})
-        self.batch_buckets = power_of_two_buckets(n_rows)
+        # decode batches cover rows [0, bucket); rows past max_batch (e.g. cached voice prefixes) never decode
+        self.batch_buckets = power_of_two_buckets(max_batch or n_rows)
         device = model.embeddings.weight.device
         self.device = device
         width = 1 + c.num_codebooks

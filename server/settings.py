@@ -24,6 +24,9 @@ class Settings:
     )
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
     max_sessions: int = field(default=8, metadata={"help": "concurrent sessions (WebSocket + HTTP); more get 1013/503"})
+    max_seq_len: int | None = field(
+        default=None, metadata={"help": "lower the model's context (positions) to save KV memory per session"}
+    )
     api_key: tuple[str, ...] = field(
         default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}
     )
@@ -52,7 +55,7 @@ class Settings:
 
 def _convert(name: str, raw: str) -> object:
     kind = {f.name: f for f in fields(Settings)}[name].type
-    if kind in ("int",):
+    if kind in ("int", "int | None"):
         return int(raw)
     if kind in ("float",):
         return float(raw)

@@ -216,7 +216,7 @@ def _warm_up(worker: Worker) -> None:
 
     b = worker.b
     tokens = b.segment_tokens(WARM_UP_TEXT)
-    row = worker.b.stepper.n_rows - 2  # any free row; nothing is admitted before READY
+    row = worker.b.session_rows - 2  # any free session row; nothing is admitted before READY
     b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
     logits, hidden = b.prefill(row, tokens, 0)
     b.start_segment(row, logits, hidden, tokens.shape[1])

@@ -55,6 +55,7 @@ class Stream:
     seed: int
     schedule: ChunkSchedule
     prefix: torch.Tensor | None  # system + references, or None
+    prefix_key: bytes = b""  # identifies the prefix in the worker's voice-prefix cache
     phase: Phase = Phase.IDLE
     pending: collections.deque[tuple[int, str]] = field(default_factory=collections.deque)  # (utterance, text)
     ended_utterances: set[int] = field(default_factory=set)

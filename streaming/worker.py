@@ -10,6 +10,7 @@ computes and discards); after `stall_timeout_s` it is closed. One stream's failu
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import queue
 import secrets
@@ -66,12 +67,15 @@ class Worker:
         self.b = backend
         self.commands = commands
         self.limits = limits
-        self.rows = RowTable(backend.stepper.n_rows)
+        self.rows = RowTable(backend.session_rows)
         self.streams: dict[int, Stream] = {}
         self.free_slots = list(range(backend.config.max_sessions - 1, -1, -1))
         # host mirror of stepper.pos: each row's write position (= its count of valid KV positions)
         self.row_pos = [0] * backend.stepper.n_rows
         self.prefill_queue: list[int] = []  # session ids, FIFO
+        # voice prefixes (system + references) already in a KV row: key → (row, length), least recently used first
+        self.prefix_cache: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
+        self.free_prefix_rows = list(backend.prefix_rows)
         self.stats = WorkerStats()
         self.rate_hz = backend.info.sample_rate_hz
 
@@ -86,6 +90,8 @@ class Worker:
             schedule=ChunkSchedule.for_latency(s.latency),
             prefix=self.b.prefix_tokens(refs) if refs else None,
         )
+        if stream.prefix is not None:
+            stream.prefix_key = hashlib.sha256(stream.prefix.numpy().tobytes()).digest()
         row = self.rows.open(session.id)
         self.row_pos[row] = 0
         self.b.stepper.pos[row] = 0
@@ -221,23 +227,27 @@ class Worker:
             prompt = seg_tokens if st.prefix is None else torch.cat([st.prefix, seg_tokens], dim=1)
             if not condition:
                 st.history = []  # each segment stands alone
+        if st.prefix is not None and not st.prefix_cached:
+            self._reuse_prefix(st)
         # reuse the cached prefix when the new prompt starts with it
         if st.prefix_cached and st.prefix is not None and st.cache_len >= st.prefix_len:
             return prompt[:, st.prefix_len :], st.prefix_len
         return prompt, 0
 
     def _prefill_step(self) -> None:
-        """Write up to `prefill_chunk_tokens` of queued prompts, oldest first (several short ones fit in one turn),
-        so running streams never wait more than one chunk; with nothing decoding, the budget is unlimited."""
-        budget = self.limits.prefill_chunk_tokens if self.rows.active else None
-        while self.prefill_queue and (budget is None or budget > 0):
-            sid = self.prefill_queue[0]
-            st = self.streams[sid]
+        """Write queued prompts in chunks of `prefill_chunk_tokens` (boundaries fixed relative to each prompt, so the
+        KV values never depend on load). While anything decodes, a turn writes at most one chunk's worth (several
+        short prompts fit); with nothing decoding it writes until something does."""
+        chunk = self.limits.prefill_chunk_tokens
+        used = 0
+        while self.prefill_queue:
+            st = self.streams[self.prefill_queue[0]]
             job = st.prefill
             assert job is not None
-            take = job.remaining if budget is None else min(budget, job.remaining)
-            if budget is not None:
-                budget -= take
+            take = min(chunk, job.remaining)
+            if self.rows.active and used > 0 and used + take > chunk:
+                return
+            used += take
             try:
                 self._prefill_chunk(st, job, take)
             except Exception as e:
@@ -249,8 +259,9 @@ class Worker:
         logits, hidden = self.b.prefill(row, chunk, job.next_pos)
         job.done += chunk.shape[1]
         self.stats.prefill_tokens += chunk.shape[1]
-        if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len:
+        if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len and not st.prefix_cached:
             st.prefix_cached = True
+            self._remember_prefix(st, row)
         self.b.stepper.pos[row] = job.next_pos  # idle decode writes land past the valid positions
         self.row_pos[row] = job.next_pos
         if job.remaining:
@@ -258,6 +269,31 @@ class Worker:
         self.prefill_queue.pop(0)
         st.prefill = None
         self._begin_decoding(st, row, logits, hidden)
+
+    def _reuse_prefix(self, st: Stream) -> None:
+        """Copy a cached voice prefix into this stream's row instead of prefilling it again."""
+        hit = self.prefix_cache.get(st.prefix_key)
+        if hit is None:
+            return
+        src, length = hit
+        self.prefix_cache.move_to_end(st.prefix_key)
+        row = self.rows.row[st.session.id]
+        self.b.copy_prefix(src, row, length)
+        self.row_pos[row] = length
+        st.prefix_cached = True
+        st.cache_len = length
+
+    def _remember_prefix(self, st: Stream, row: int) -> None:
+        """Keep a just-prefilled voice prefix in a prefix row (least recently used one evicted)."""
+        if st.prefix_key in self.prefix_cache or not self.b.prefix_rows:
+            return
+        if self.free_prefix_rows:
+            dst = self.free_prefix_rows.pop()
+        else:
+            _, (dst, _) = self.prefix_cache.popitem(last=False)
+        self.b.copy_prefix(row, dst, st.prefix_len)
+        self.row_pos[dst] = st.prefix_len
+        self.prefix_cache[st.prefix_key] = (dst, st.prefix_len)
 
     def _begin_decoding(self, st: Stream, row: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         s = st.session.settings

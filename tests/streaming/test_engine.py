@@ -199,3 +199,29 @@ def test_one_failing_session_leaves_the_others_intact() -> None:
     assert bad.done is not None and bad.done.reason == "error"
     assert again.done is not None and len(again.pcm) > 0
     gc.collect()
+
+
+def test_voice_prefix_is_prefilled_once_and_reused() -> None:
+    """Sessions with the same reference voice share its prefilled KV prefix; the audio equals a fresh prefill's."""
+    rng = np.random.default_rng(0)
+    voice = Voice((("A reference sentence, spoken by somebody.", rng.integers(0, 1000, (4, 120))),))
+    settings = SynthesisSettings(seed=21, max_new_tokens=30)
+
+    async def fresh():
+        with running_engine() as engine:
+            utt = await speak(engine.open_session(voice, settings), "Now the target text.")
+            return utt, engine.stats()["prefill_tokens"]
+
+    async def cached():
+        with running_engine() as engine:
+            await speak(engine.open_session(voice, SynthesisSettings(seed=5, max_new_tokens=10)), "Warm it up.")
+            before = engine.stats()["prefill_tokens"]
+            utt = await speak(engine.open_session(voice, settings), "Now the target text.")
+            return utt, engine.stats()["prefill_tokens"] - before, len(engine._worker.prefix_cache)
+
+    solo, solo_tokens = asyncio.run(fresh())
+    reused, reused_tokens, cached_voices = asyncio.run(cached())
+    assert cached_voices == 1
+    assert reused_tokens < solo_tokens - 120  # the ~150-token prefix was not written again
+    assert np.array_equal(solo.codes, reused.codes)
+    assert np.abs(solo.pcm - reused.pcm).max() <= 1e-4
