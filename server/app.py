@@ -49,7 +49,12 @@ def web_demo_dir() -> Path:
 def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
     engine = engine or Engine(
         EngineConfig(
-            BackendConfig(checkpoint=settings.checkpoint, device=settings.device, max_sessions=settings.max_sessions)
+            BackendConfig(
+                checkpoint=settings.checkpoint,
+                device=settings.device,
+                max_sessions=settings.max_sessions,
+                max_seq_len=settings.max_seq_len,
+            )
         )
     )
 
