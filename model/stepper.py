@@ -200,10 +200,12 @@ class DecodeStepper:
 
     @torch.inference_mode()
     def set_commit(self, flags: list[bool]) -> None:
-        """Which of rows [0, len(flags)) advance at the next step (an async copy from pinned memory)."""
-        n = len(flags)
-        self._commit_host[:n] = torch.tensor(flags, dtype=torch.bool)
-        self.commit[:n].copy_(self._commit_host[:n], non_blocking=True)
+        """Rows [0, len(flags)) advance where flags say so at the next step; every other row does not (a step runs
+        a whole batch bucket, so stale flags past len(flags) would advance rows the caller does not track).
+        One async copy from pinned memory."""
+        self._commit_host.zero_()
+        self._commit_host[: len(flags)] = torch.tensor(flags, dtype=torch.bool)
+        self.commit.copy_(self._commit_host, non_blocking=True)
 
     def step(self, rows: int, max_pos: int) -> torch.Tensor:
         """One decode step for rows [0, rows) (set the commit flags first). Returns new frames (rows, 1+nc) on the

@@ -104,7 +104,9 @@ class Worker:
             return
         st.closed = True
         self._apply_swaps(self.rows.deactivate(sid))
-        self.row_pos[self.rows.row[sid]] = 0
+        row = self.rows.row[sid]
+        self.row_pos[row] = 0
+        self.b.stepper.pos[row] = 0  # keep the device position equal to its host mirror
         self.rows.close(sid)
         self.free_slots.append(st.slot)
         if sid in self.prefill_queue:

@@ -91,3 +91,21 @@ def test_move_and_swap_rows_carry_the_whole_stream() -> None:
         stepper.commit[row] = True
         frames.append(stepper.step(row + 1, int(stepper.pos[: row + 1].max()))[row])
     assert torch.equal(torch.stack(frames, 1), expected)
+
+
+@torch.no_grad()
+def test_rows_past_the_callers_count_never_advance() -> None:
+    """A step runs a whole batch bucket: rows beyond those the caller passed must not advance, whatever earlier
+    steps set (a stale flag once advanced an idle row past its attention bucket on the GPU: index out of bounds)."""
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(model, n_rows=4, max_seq_len=64)
+    for row in range(4):
+        stepper.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=row))
+        logits, hidden = stepper.prefill(row, random_sequence(model, 10, seed=row), 0)
+        stepper.start_segment(row, logits, hidden, 10)
+    stepper.set_commit([True, True, True, True])
+    stepper.step(4, 11)
+    assert stepper.pos.tolist() == [11, 11, 11, 11]
+    stepper.set_commit([True, False, True])  # 3 rows run in the bucket of 4: row 3 must stay put
+    stepper.step(3, 12)
+    assert stepper.pos.tolist() == [12, 11, 12, 11]
