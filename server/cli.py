@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 EXIT_ENGINE_FAULT = 3
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +67,10 @@ def serve(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     _configure_logging(settings.log_level)
+    # The engine's worker thread and the event loop share the GIL; with the default 5 ms switch interval the worker
+    # waits up to 5 ms at every hand-back while hundreds of sockets are busy. A shorter interval keeps the decode
+    # loop fed (measured on the H200 end-to-end run; see docs/BENCHMARKS.md).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     gateway = build_gateway(settings)
     app = create_app(settings, gateway)
     config = uvicorn.Config(
