@@ -205,6 +205,11 @@ class Engine:
             "prefill_tokens": s.prefill_tokens,
             "vocoded_frames": s.vocoded_frames,
             "errors": s.errors,
+            "turns": s.turns,
+            "turn_seconds": round(s.turn_s, 3),
+            "prefill_seconds": round(s.prefill_s, 3),
+            "step_seconds": round(s.step_s, 3),
+            "vocode_seconds": round(s.vocode_s, 3),
         }
 
 

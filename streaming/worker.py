@@ -60,6 +60,12 @@ class WorkerStats:
     prefill_tokens: int = 0
     vocoded_frames: int = 0
     errors: int = 0
+    # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
+    turns: int = 0
+    prefill_s: float = 0.0
+    step_s: float = 0.0  # inside the batched decode step (device work + its one sync)
+    vocode_s: float = 0.0  # inside vocoder calls
+    turn_s: float = 0.0  # whole turns (the rest is host bookkeeping)
 
 
 class Worker:
@@ -178,13 +184,18 @@ class Worker:
 
     def turn(self) -> None:
         """One scheduling turn (commands are applied by the caller before)."""
+        t0 = time.perf_counter()
         for st in list(self.streams.values()):
             if st.phase is Phase.IDLE and st.pending:
                 self._start_segment(st)
+        t1 = time.perf_counter()
         self._prefill_step()
+        self.stats.prefill_s += time.perf_counter() - t1
         if self.rows.active:
             self._decode_step()
         self._vocode_ready()
+        self.stats.turns += 1
+        self.stats.turn_s += time.perf_counter() - t0
 
     def _start_segment(self, st: Stream) -> None:
         utt, text = st.pending.popleft()
@@ -317,7 +328,9 @@ class Worker:
         commit = [not self._stalled(st, now) for st in streams]
         if any(commit):
             bucket, _ = self.b.stepper.bucket_for(active, 0)
+            t0 = time.perf_counter()
             frames = self.b.step(active, commit, max(self.row_pos[:bucket]))
+            self.stats.step_s += time.perf_counter() - t0
             self.stats.steps += 1
             for r in range(active):
                 self.row_pos[r] += commit[r]
@@ -418,12 +431,14 @@ class Worker:
             slots.append(st.slot)
             codes.append(np.stack(st.vocoder_queue[:size], axis=1))  # (nc, F)
             del st.vocoder_queue[:size]
+        t0 = time.perf_counter()
         try:
             pcm = self.b.vocode(slots, codes)
         except Exception as e:
             for st, _ in batch:
                 self._fail(st, e)
             return
+        self.stats.vocode_s += time.perf_counter() - t0
         now = time.monotonic()
         for (st, size), audio in zip(batch, pcm, strict=True):
             st.chunk_index += 1
