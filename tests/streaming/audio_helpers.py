@@ -38,3 +38,9 @@ def push_in_chunks(push, x: np.ndarray, seed: int = 0, lo: int = 50, hi: int = 2
         outs.append(push(x[i : i + n]))
         i += n
     return outs
+
+
+def run_stretcher(stretcher, x: np.ndarray, seed: int | None = None) -> np.ndarray:
+    """Push x through a stretcher (whole, or in seeded random chunks) and finish it."""
+    outs = [stretcher.push(x)] if seed is None else push_in_chunks(stretcher.push, x, seed=seed)
+    return np.concatenate([*outs, stretcher.finish()])

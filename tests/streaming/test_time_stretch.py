@@ -6,15 +6,13 @@ import numpy as np
 import pytest
 
 from streaming.time_stretch import WsolaStretcher
-from tests.streaming.audio_helpers import dominant_hz, push_in_chunks, sine
+from tests.streaming.audio_helpers import dominant_hz, run_stretcher, sine
 
 RATE_HZ = 44100
 
 
 def stretch(x: np.ndarray, speed: float, seed: int | None = None) -> np.ndarray:
-    s = WsolaStretcher(speed, RATE_HZ)
-    outs = [s.push(x)] if seed is None else push_in_chunks(s.push, x, seed=seed)
-    return np.concatenate([*outs, s.finish()])
+    return run_stretcher(WsolaStretcher(speed, RATE_HZ), x, seed)
 
 
 @pytest.mark.parametrize("speed", [0.5, 0.75, 1.5, 2.0])

@@ -7,15 +7,13 @@ import pytest
 
 from streaming.audio_out import WIDE_SPEED_RANGE, AudioFormatError, AudioOutput, OutputFormat
 from streaming.time_stretch import ChainedStretcher, WsolaStretcher, make_stretcher
-from tests.streaming.audio_helpers import dominant_hz, push_in_chunks, sine
+from tests.streaming.audio_helpers import dominant_hz, run_stretcher, sine
 
 RATE_HZ = 44100
 
 
 def stretch(x: np.ndarray, speed: float, seed: int | None = None) -> np.ndarray:
-    s = make_stretcher(speed, RATE_HZ)
-    outs = [s.push(x)] if seed is None else push_in_chunks(s.push, x, seed=seed)
-    return np.concatenate([*outs, s.finish()])
+    return run_stretcher(make_stretcher(speed, RATE_HZ), x, seed)
 
 
 @pytest.mark.parametrize("speed", [0.25, 0.4, 3.0, 4.0])
