@@ -332,3 +332,13 @@ def test_cancel_after_stop_barges_into_the_finishing_utterance(server: ServerHan
 def test_refusals_answer_in_the_clients_encoding(secured_server: ServerHandle) -> None:
     r = run(session_with(secured_server, [{"event": "start", "request": {}}], json_mode=True))
     assert r.error_codes == ["unauthorized"] and r.close_code == 1008  # parsed as JSON text frames
+
+
+def test_per_key_rate_limit_refuses_then_recovers(tmp_path) -> None:
+    with start_server(tmp_path, rate_limit_per_min=2) as srv:
+        first = run(speak(srv.ws_url, ["One."]))
+        second = run(speak(srv.ws_url, ["Two."]))
+        third = run(session_with(srv, [{"event": "start", "request": {"text": ""}}]))
+        assert first.events[-1]["reason"] == "stop" and second.events[-1]["reason"] == "stop"
+        assert third.error_codes == ["rate_limited"] and "per minute" in third.of("error")[0]["message"]
+        assert srv.gateway.engine.open_sessions == 0  # the refused start opened nothing
