@@ -123,13 +123,11 @@ class Session:
     _events: collections.deque[Event] = field(default_factory=collections.deque)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _dropped_utterances: set[int] = field(default_factory=set)
-    _utterance_open: bool = False
 
     # -- commands --
     def speak(self, text: str) -> int:
         """Queue text (one segment) for the current utterance; returns the utterance number."""
         self._check_open()
-        self._utterance_open = True
         self._send(Speak(self.id, self.utterance, text))
         return self.utterance
 
@@ -139,7 +137,6 @@ class Session:
         utt = self.utterance
         self._send(EndUtterance(self.id, utt))
         self.utterance += 1
-        self._utterance_open = False
         return utt
 
     def cancel(self, utterance: int | None = None) -> int:
@@ -160,7 +157,6 @@ class Session:
         self._send(Cancel(self.id, utt))
         if utt == self.utterance:
             self.utterance += 1
-            self._utterance_open = False
         return utt
 
     def close(self) -> None:
