@@ -24,6 +24,11 @@ class Settings:
     )
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
     max_sessions: int = field(default=8, metadata={"help": "concurrent sessions (WebSocket + HTTP); more get 1013/503"})
+    batch_invariant: str = field(
+        default="auto",
+        metadata={"help": "auto | on | off: row-wise kernels so a seeded stream is bitwise the same alone or under "
+                  "load (auto = on for CPU, off for GPU, where it costs throughput)"},
+    )  # fmt: skip
     max_seq_len: int | None = field(
         default=None, metadata={"help": "lower the model's context (positions) to save KV memory per session"}
     )
@@ -95,6 +100,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
     settings = Settings(**values)  # type: ignore[arg-type]
     if settings.max_sessions < 1:
         raise SystemExit("fishgate: --max-sessions must be at least 1")
+    if settings.batch_invariant not in ("auto", "on", "off"):
+        raise SystemExit("fishgate: --batch-invariant must be auto, on or off")
     return settings
 
 

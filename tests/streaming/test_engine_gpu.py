@@ -53,3 +53,29 @@ def test_engine_streams_on_cuda_and_vocoder_graphs_equal_eager() -> None:
     assert diff == 0.0
     same = solo.codes.shape == busy.codes.shape and np.array_equal(solo.codes, busy.codes)
     print(f"seeded stream solo vs under load on GPU: codes identical = {same}")
+
+
+def test_batch_invariant_mode_on_gpu_solo_vs_loaded() -> None:
+    """Issue: on the GPU, kernels chosen by batch size change rounding. In batch-invariant mode (row-wise matmuls,
+    plain attention over one fixed length) a seeded stream should be identical alone and under load."""
+    from streaming.backend import BackendConfig
+    from streaming.engine import Engine, EngineConfig
+
+    async def run(load: int):
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, batch_invariant=True)))
+        engine.start()
+        try:
+            assert engine.wait_ready(300), engine.fault
+            others = [engine.open_session(Voice(), SynthesisSettings(seed=50 + i)) for i in range(load)]
+            for o in others:
+                o.speak("Another stream running at the same time, long enough to overlap.")
+                o.end_utterance()
+            target = await speak(engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=60)), *TEXTS)
+            await asyncio.gather(*(collect(o) for o in others))
+            return target
+        finally:
+            engine.stop()
+
+    solo, busy = asyncio.run(run(0)), asyncio.run(run(5))
+    assert np.array_equal(solo.codes, busy.codes)
+    assert np.array_equal(solo.pcm, busy.pcm)
