@@ -7,8 +7,10 @@ Knows nothing about sessions, queues or asyncio; callers speak in rows, slots, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,7 +95,9 @@ class Backend:
         # the codec decodes in fp32 on CPU and bf16 on GPU; the encoder (references) always runs fp32
         self.codec = load_codec(folder, device=self.device, dtype=dtype, with_encoder=False)
         self._encoder_folder = folder
-        self._encoder: FireflyCodec | None = None
+        self._encoder: FireflyCodec | None = None  # loaded on first use (reference uploads)
+        self._encoder_lock = threading.Lock()
+        self._encoder_stream: torch.cuda.Stream | None = None
         self.timings_s["load_weights"] = time.perf_counter() - t0
 
         meta = _read_metadata(folder)
@@ -199,14 +203,23 @@ class Backend:
         return [a for a in out if a is not None]
 
     # ---- reference voices ------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:
-        """Reference audio (samples,) or (samples, channels) at any rate → codes (nc, T) int64 (fp32 encoder)."""
-        if self._encoder is None:
-            self._encoder = load_codec(self._encoder_folder, device=self.device, dtype=torch.float32, with_encoder=True)
-        mono = to_codec_audio(audio, sample_rate_hz, self.info.sample_rate_hz)
-        codes = self._encoder.encode(torch.from_numpy(mono).unsqueeze(0))[0]
-        return codes[: self.info.num_codebooks].cpu().numpy().astype(np.int64)
+        """Reference audio (samples,) or (samples, channels) at any rate → codes (nc, T) int64 (fp32 encoder).
+
+        Runs on the caller's thread, off the decode loop: the encoder is its own fp32 model instance (no tensor is
+        shared with the worker), on its own CUDA stream; one encode at a time.
+        """
+        with self._encoder_lock:
+            if self._encoder is None:
+                self._encoder = load_codec(
+                    self._encoder_folder, device=self.device, dtype=torch.float32, with_encoder=True
+                )
+                self._encoder_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+            mono = to_codec_audio(audio, sample_rate_hz, self.info.sample_rate_hz)
+            stream = self._encoder_stream
+            with torch.inference_mode(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                codes = self._encoder.encode(torch.from_numpy(mono).unsqueeze(0))[0]
+                return codes[: self.info.num_codebooks].cpu().numpy().astype(np.int64)
 
     # ---- start-up ----------------------------------------------------------------------------------------------------
     def capture_graphs(self) -> int:

@@ -183,7 +183,12 @@ class Engine:
         return await asyncio.wrap_future(future)
 
     async def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:
-        return await self.run_job(lambda w: w.b.encode_reference(audio, sample_rate_hz))
+        """Encode reference audio on a helper thread, off the decode loop's critical path (its own encoder)."""
+        if self.state not in (EngineState.READY, EngineState.DRAINING):
+            raise NotReady(f"the engine is {self.state.value}")
+        worker = self._worker
+        assert worker is not None
+        return await asyncio.to_thread(worker.b.encode_reference, audio, sample_rate_hz)
 
     def gpu_memory_bytes(self) -> int:
         w = self._worker
