@@ -95,6 +95,9 @@ def load_dual_ar(
         model = DualARTransformer(config, tokenizer.semantic_begin_id)
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(device=device, dtype=dtype).eval()
+    # inference weights: without this, an eager decode step outside inference_mode records autograd history
+    # (the KV cache writes chain a graph across steps; a CPU engine step ran ~2x slower)
+    model.requires_grad_(False)
     # RoPE tables stay fp32 (bf16-rounded values) whatever the model dtype; .to(dtype) above cast them.
     model.freqs_cis = model.freqs_cis.float()
     model.fast_freqs_cis = model.fast_freqs_cis.float()

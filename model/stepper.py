@@ -207,6 +207,7 @@ class DecodeStepper:
         self._commit_host[: len(flags)] = torch.tensor(flags, dtype=torch.bool)
         self.commit.copy_(self._commit_host, non_blocking=True)
 
+    @torch.inference_mode()
     def step(self, rows: int, max_pos: int) -> torch.Tensor:
         """One decode step for rows [0, rows) (set the commit flags first). Returns new frames (rows, 1+nc) on the
         host — the step's only device→host copy and its only sync. Positions must stay below `max_seq_len`."""

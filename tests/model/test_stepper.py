@@ -109,3 +109,16 @@ def test_rows_past_the_callers_count_never_advance() -> None:
     stepper.set_commit([True, False, True])  # 3 rows run in the bucket of 4: row 3 must stay put
     stepper.step(3, 12)
     assert stepper.pos.tolist() == [12, 11, 12, 11]
+
+
+def test_a_step_records_no_autograd_history() -> None:
+    """Decoding must never build autograd graphs (they grow with every KV write: memory and time leak)."""
+    model = make_model("gqa_fast_project")  # parameters require grad here, as a freshly built module's do
+    stepper = DecodeStepper(model, n_rows=2, max_seq_len=32)
+    stepper.set_sampling(0, RowSampling(0.7, 0.7, 1.2, seed=1))
+    logits, hidden = stepper.prefill(0, random_sequence(model, 8, seed=1), 0)
+    stepper.start_segment(0, logits, hidden, 8)
+    stepper.set_commit([True])
+    stepper.step(1, 9)
+    for t in (stepper.cache.k, stepper.cache.v, stepper.frame, stepper.out):
+        assert t.grad_fn is None and not t.requires_grad
