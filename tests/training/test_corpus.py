@@ -1,0 +1,254 @@
+"""Tests for training/corpus.py: sentence splitting, the speakability filter, dedupe and the held-out split.
+
+Synthetic sources run everywhere; the Debian sources (fortunes, dict-devil, wamerican) are read when installed and
+skipped otherwise. No Piper, no Whisper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from training import corpus
+from training.corpus import (
+    CorpusConfig,
+    Source,
+    build_corpus,
+    read_corpus,
+    speakable,
+    split_sentences,
+    write_corpus,
+)
+
+_WORDS = [
+    "the",
+    "a",
+    "an",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "ran",
+    "far",
+    "away",
+    "and",
+    "then",
+    "slept",
+    "quietly",
+    "under",
+    "warm",
+    "sun",
+    "every",
+    "morning",
+    "bird",
+    "sang",
+    "song",
+    "it",
+    "was",
+    "good",
+    "day",
+    "for",
+    "walk",
+    "in",
+    "park",
+    "with",
+    "old",
+    "friend",
+    "we",
+    "talked",
+    "about",
+    "life",
+    "work",
+    "books",
+    "music",
+    "rain",
+    "fell",
+    "softly",
+    "she",
+    "he",
+    "they",
+    "said",
+    "that",
+    "this",
+    "is",
+    "not",
+    "what",
+    "i",
+    "want",
+    "to",
+    "know",
+    "why",
+    "how",
+    "when",
+    "where",
+    "children",
+    "played",
+    "games",
+    "all",
+    "afternoon",
+    "long",
+    "river",
+    "flowed",
+    "past",
+    "town",
+    "mister",
+    "smith",
+    "doctor",
+    "jones",
+    "paid",
+    "five",
+    "dollars",
+    "fifty",
+    "cents",
+    "at",
+    "three",
+    "thirty",
+]
+DICTIONARY = frozenset(_WORDS)
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    """n distinct dictionary-only sentences of 6..14 words, deterministic."""
+    out = []
+    for i in range(n):
+        digest = hashlib.sha256(f"{seed}-{i}".encode()).digest()
+        length = 6 + digest[0] % 9
+        words = [_WORDS[b % len(_WORDS)] for b in digest[1 : 1 + length]]
+        out.append(" ".join(words).capitalize() + ".")
+    return out
+
+
+def _source(name: str, passages: list[str], **kw: object) -> Source:
+    def reader() -> Iterator[str]:
+        yield from passages
+
+    return Source(name, "test", "test-licence", reader, **kw)  # type: ignore[arg-type]
+
+
+def test_split_sentences_keeps_abbreviations_and_initials() -> None:
+    text = 'Mr. Smith met Dr. Jones at 5 p.m. today. J. R. R. Tolkien wrote it! Did he? "Yes," she said. Done'
+    assert split_sentences(text) == [
+        "Mr. Smith met Dr. Jones at 5 p.m. today.",
+        "J. R. R. Tolkien wrote it!",
+        "Did he?",
+        '"Yes," she said.',
+        "Done",
+    ]
+
+
+def test_speakable_filter() -> None:
+    config = CorpusConfig()
+    good = speakable("Mister Smith paid $5.50 at 3:30.", DICTIONARY, config)
+    assert good is not None
+    norm, n_words, share = good
+    assert norm == "Mister Smith paid five dollars and fifty cents at three thirty."
+    assert n_words == 11
+    assert share == 1.0
+    rejected = [
+        "The cat sat.  x = foo_bar(1)",  # code
+        "See http://example.com for the dog.",  # address
+        "The cat sat on the mat",  # no sentence end
+        "the cat sat on the mat.",  # no capital start
+        "THE CAT SAT ON THE MAT.",  # shouting
+        "The cat.",  # too short (2 words)
+        "Zorblax quuxed the flimflam of glorp.",  # unknown words
+        "Alice: the cat sat on the mat.",  # speaker label
+        "Cat, n. A dog that sat on the mat.",  # dictionary-entry marker
+        " ".join(["The cat sat on the mat."] * 6),  # too long (36 words)
+    ]
+    for sentence in rejected:
+        assert speakable(sentence, DICTIONARY, config) is None, sentence
+
+
+def test_blocked_words_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = frozenset({hashlib.sha256(b"sun").hexdigest()[:16]})
+    monkeypatch.setattr(corpus, "BLOCKED_WORD_HASHES", blocked)
+    assert speakable("The dog slept under the warm sun.", DICTIONARY, CorpusConfig()) is None
+    assert speakable("The dog slept under the warm rain.", DICTIONARY, CorpusConfig()) is not None
+
+
+def test_build_corpus_split_is_deterministic_disjoint_and_clean() -> None:
+    passages = [" ".join(s) for s in zip(*[iter(_sentences(600, seed=1))] * 2, strict=True)]
+    passages += [f"The dog ran {n} miles and then slept under the warm sun." for n in range(2, 60)]
+    passages += passages[:50]  # exact duplicates must collapse
+    config = CorpusConfig(n_test=40)
+    sources = [_source("alpha", passages), _source("beta", [" ".join(_sentences(200, seed=2))], test_eligible=False)]
+    items, stats = build_corpus(sources, config=config, dictionary=DICTIONARY)
+    again, _ = build_corpus(sources, config=config, dictionary=DICTIONARY)
+    assert [(i.id, i.split, i.norm) for i in items] == [(i.id, i.split, i.norm) for i in again]
+
+    test = [i for i in items if i.split == "test"]
+    train = [i for i in items if i.split == "train"]
+    assert len(test) == 40 == stats.n_test
+    assert items[:40] == test  # held-out items come first
+    assert all(i.source == "alpha" and config.test_min_words <= i.n_words <= config.test_max_words for i in test)
+    assert not any(re.search(r"\d", i.text) for i in test)  # digits: Whisper's formatting, not the voice
+    assert any(re.search(r"\d", i.text) for i in train)
+    assert len({i.id for i in items}) == len(items)
+    keys = [" ".join(re.findall(r"[a-z']+", i.norm.lower())) for i in items]
+    assert len(set(keys)) == len(keys)
+    test_keys = keys[:40]
+    for key in keys[40:]:
+        assert not any(t in key or key in t for t in test_keys)
+    for item in items:
+        assert config.min_words <= item.n_words <= config.max_words
+        assert re.fullmatch(r"[A-Za-z .,?!;:'-]+", item.norm)
+    assert {i.source for i in train} == {"alpha", "beta"}
+    assert stats.n_train == len(train)
+
+
+def test_source_cap_keeps_a_stable_subset() -> None:
+    passages = _sentences(300, seed=3)
+    capped = [_source("gamma", passages, max_items=50)]
+    items, stats = build_corpus(capped, config=CorpusConfig(n_test=0), dictionary=DICTIONARY)
+    assert len(items) == 50 == stats.sources["gamma"].items
+    again, _ = build_corpus(capped, config=CorpusConfig(n_test=0), dictionary=DICTIONARY)
+    assert [i.id for i in items] == [i.id for i in again]
+
+
+def test_write_and_read_round_trip(tmp_path: Path) -> None:
+    items, _ = build_corpus([_source("alpha", _sentences(30, seed=4))], config=CorpusConfig(n_test=5),
+                            dictionary=DICTIONARY)  # fmt: skip
+    path = tmp_path / "corpus.jsonl"
+    write_corpus(items, path)
+    assert read_corpus(path) == items
+
+
+def _require(path: Path) -> None:
+    if not path.exists():
+        pytest.skip(f"{path} not installed (apt-get install the package named in training/README.md)")
+
+
+def test_real_fortunes_give_clean_items(tmp_path: Path) -> None:
+    _require(corpus.FORTUNE_DIR / "literature")
+    _require(corpus.DICTIONARY_PATH)
+    for name in ("literature", "science"):
+        if (corpus.FORTUNE_DIR / name).is_file():
+            shutil.copy(corpus.FORTUNE_DIR / name, tmp_path / name)
+    source = Source("fortunes", "fortunes", "BSD", lambda: corpus.read_fortunes(tmp_path))
+    items, stats = build_corpus([source], config=CorpusConfig(n_test=20))
+    assert stats.sources["fortunes"].passages > 100
+    assert len(items) > 200
+    assert sum(i.split == "test" for i in items) == 20
+    for item in items:
+        assert 3 <= item.n_words <= 30
+        assert re.fullmatch(r"[A-Za-z .,?!;:'-]+", item.norm), item.norm
+        assert not re.search(r"--\s*[A-Z][\w.]*(\s+[A-Z][\w.]*)*\s*$", item.text), item.text  # attributions cut
+
+
+def test_fortune_definitions_lose_their_part_of_speech(tmp_path: Path) -> None:
+    (tmp_path / "defs").write_text("Creditor, n.: A man who has a better memory than a debtor.\n%\n")
+    assert list(corpus.read_fortunes(tmp_path)) == ["Creditor, A man who has a better memory than a debtor.", ""]
+
+
+def test_real_devil_passages_lose_their_headwords() -> None:
+    _require(corpus.DEVIL_PATH)
+    passages = [p for p in corpus.read_devil() if p.strip()][:20]
+    assert passages
+    assert not any(re.match(r"^[A-Z]{3,},", p) for p in passages)
