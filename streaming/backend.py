@@ -23,13 +23,16 @@ import torch
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
-from model.prompt import PromptBuilder
+from model.prompt import PromptBuilder, history_is_append
 from model.stepper import DecodeStepper, RowSampling, power_of_two_buckets
 from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 log = logging.getLogger(__name__)
+
+# Re-exported for the rest of streaming/, so that this module stays its only door into model/.
+__all__ = ["Backend", "BackendConfig", "ModelInfo", "RowSampling", "default_checkpoint", "history_is_append"]
 
 # Optional metadata file in a checkpoint folder (fishgate's own; official folders don't have it).
 METADATA_FILE = "fishgate.json"

@@ -220,8 +220,7 @@ class Engine:
 
 def _warm_up(worker: Worker) -> None:
     """Push one short utterance through prefill, decode and every vocoder chunk size on the worker thread."""
-    from model.stepper import RowSampling
-
+    from .backend import RowSampling
     from .chunking import all_chunk_sizes
 
     b = worker.b

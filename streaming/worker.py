@@ -21,10 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.prompt import history_is_append
-from model.stepper import RowSampling
-
-from .backend import Backend
+from .backend import Backend, RowSampling, history_is_append
 from .chunking import ChunkSchedule, split_tail
 from .errors import EngineFault, FishgateError, PromptTooLong
 from .rows import RowTable
