@@ -146,8 +146,10 @@ def train_dual_ar(
     eval_every: int = 500,
     save_every_s: float = 180.0,
     on_log: Callable[[dict[str, Any]], None] | None = None,
+    refresh: Path | None = None,
 ) -> DualARTrainResult:
-    """Train from scratch or `resume` on the pack's train split; validate on its val split (if any)."""
+    """Train from scratch or `resume` on the pack's train split; validate on its val split (if any). When the file
+    `refresh` appears or changes (a larger pack from the same codec), the next epoch trains on it."""
     device = torch.device(device)
     tokenizer = byte_tokenizer()
     config = DualARConfig.from_dict(cfg.dual_ar)
@@ -170,6 +172,7 @@ def train_dual_ar(
     train_idx, val_idx = pack.train_val_indices(cfg.val_fraction)
     rng = random.Random(cfg.seed * 7919 + step)
     val_examples = build_examples(factory, val_idx, config.max_seq_len, ContextMix(0.0, 0.0), seed=0)
+    val_idx_ids = [pack.ids[i] for i in val_idx]
     if not build_examples(factory, train_idx, config.max_seq_len, ContextMix(0.0, 0.0), seed=0):
         raise ValueError(
             f"no training example fits max_seq_len={config.max_seq_len}: the pack has {len(train_idx)} 'train' "
@@ -198,7 +201,24 @@ def train_dual_ar(
             return True
         return max_seconds is not None and time.monotonic() - t_start >= max_seconds
 
+    refreshed_at = 0.0
     while not stop():
+        if refresh is not None and refresh.exists() and refresh.stat().st_mtime > refreshed_at:
+            # a growing pack (the teacher still speaking): later epochs see the new utterances; validation stays
+            # the first pack's, so its loss remains comparable
+            refreshed_at = refresh.stat().st_mtime
+            pack = CodesPack.load(refresh)
+            factory = ExampleFactory(pack, SequenceBuilder(tokenizer, config.num_codebooks))
+            held = set(val_idx_ids)
+            train_idx = [i for i in pack.train_val_indices(cfg.val_fraction)[0] if pack.ids[i] not in held]
+            entry_r: dict[str, float] = {
+                "step": step,
+                "refreshed_utterances": len(pack.ids),
+                "train_utterances": len(train_idx),
+            }
+            history.append(entry_r)
+            if on_log is not None:
+                on_log(entry_r)
         examples = build_examples(factory, train_idx, config.max_seq_len, cfg.mix, seed=rng.randrange(2**31))
         for batch in make_batches([e.tokens.shape[1] for e in examples], cfg.max_tokens, rng):
             if stop():
@@ -274,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--total-seconds", type=float, default=defaults.total_seconds, help="LR horizon, all calls")
     parser.add_argument("--p-history", type=float, default=defaults.mix.p_history)
     parser.add_argument("--p-reference", type=float, default=defaults.mix.p_reference)
+    parser.add_argument("--codes-refresh", type=Path, help="a codes.npz that grows while training (re-read per epoch)")
     args = parser.parse_args(argv)
 
     resume = args.resume if args.resume is not None and args.resume.is_file() else None
@@ -300,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         result = train_dual_ar(
             cfg, pack, device=args.device, max_steps=args.max_steps, max_seconds=args.train_seconds, resume=resume,
-            out=args.out, on_log=on_log,
+            out=args.out, on_log=on_log, refresh=args.codes_refresh,
         )  # fmt: skip
         held_out = pack.indices("test") or pack.train_val_indices(cfg.val_fraction)[1] or pack.indices("train")
         texts = [pack.texts[i] for i in held_out[:SAMPLE_TEXTS]]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -51,29 +53,45 @@ def encode_utterances(
     batch_s: float = DEFAULT_BATCH_S,
     load: Callable[[Path, int], np.ndarray] = load_audio,
     progress: Callable[[int, int], None] | None = None,
+    load_workers: int = 1,
 ) -> CodesPack:
-    """Encode every utterance (manifest order kept in the pack); `text_field` is `normalized_text` or `text`."""
+    """Encode every utterance (manifest order kept in the pack); `text_field` is `normalized_text` or `text`.
+    `load_workers` > 1 decodes the next batch's files in threads while the encoder runs (libsndfile and soxr drop
+    the GIL), which is what keeps a GPU busy."""
     rate = codec.config.sample_rate
     min_samples = codec.config.samples_per_frame
     # sort by the manifest's duration (audio is loaded batch by batch: hours of it do not fit in memory at once)
     est = [u.duration_s if u.duration_s > 0 else batch_s for u in utterances]  # unknown: encoded alone
     order = sorted(range(len(utterances)), key=lambda i: est[i])
     codes: list[np.ndarray | None] = [None] * len(utterances)
+    batches: list[list[int]] = []
     start = 0
     while start < len(order):
         end = start + 1
         while end < len(order) and est[order[end]] * (end - start + 1) <= batch_s:
             end += 1
-        members = order[start:end]
-        audios = [load(utterances[i].audio_path, rate) for i in members]
-        for i, a in zip(members, audios, strict=True):
-            if len(a) < min_samples:
-                raise ValueError(f"{utterances[i].audio_path} is shorter than one code frame ({len(a)} samples)")
-        for i, c in zip(members, encode_batch(codec, audios), strict=True):
-            codes[i] = c
+        batches.append(order[start:end])
         start = end
-        if progress is not None:
-            progress(start, len(order))
+
+    def load_batch(members: list[int]) -> list[np.ndarray]:
+        return [load(utterances[i].audio_path, rate) for i in members]
+
+    with ThreadPoolExecutor(max_workers=max(1, load_workers)) as pool:
+        # at most `load_workers` batches decoded ahead (bounded memory), taken in order
+        ahead: deque[Future[list[np.ndarray]]] = deque()
+        done = 0
+        for n, members in enumerate(batches):
+            while len(ahead) < max(1, load_workers) and n + len(ahead) < len(batches):
+                ahead.append(pool.submit(load_batch, batches[n + len(ahead)]))
+            audios = ahead.popleft().result()
+            for i, a in zip(members, audios, strict=True):
+                if len(a) < min_samples:
+                    raise ValueError(f"{utterances[i].audio_path} is shorter than one code frame ({len(a)} samples)")
+            for i, c in zip(members, encode_batch(codec, audios), strict=True):
+                codes[i] = c
+            done += len(members)
+            if progress is not None:
+                progress(done, len(order))
     return CodesPack(
         ids=[u.id for u in utterances],
         texts=[getattr(u, text_field) for u in utterances],
@@ -84,11 +102,27 @@ def encode_utterances(
     )
 
 
-def load_encoder(source: Path) -> FireflyCodec:
+def merge_packs(first: CodesPack, second: CodesPack) -> CodesPack:
+    """`first` then the utterances of `second` it lacks (both from the same codec)."""
+    if (first.samples_per_frame, first.sample_rate_hz) != (second.samples_per_frame, second.sample_rate_hz):
+        raise ValueError("packs from different codecs cannot be merged")
+    seen = set(first.ids)
+    new = [i for i, u in enumerate(second.ids) if u not in seen]
+    return CodesPack(
+        ids=first.ids + [second.ids[i] for i in new],
+        texts=first.texts + [second.texts[i] for i in new],
+        splits=first.splits + [second.splits[i] for i in new],
+        codes=first.codes + [second.codes[i] for i in new],
+        samples_per_frame=first.samples_per_frame,
+        sample_rate_hz=first.sample_rate_hz,
+    )
+
+
+def load_encoder(source: Path, device: torch.device | str = "cpu") -> FireflyCodec:
     """A codec with its encoder from a codec resume file (`codec_resume.safetensors`) or a checkpoint folder."""
     if source.is_file() and source.suffix == ".safetensors" and source.name.startswith("codec_"):
-        return load_codec_from_resume(source)
-    return load_codec(source, with_encoder=True)
+        return load_codec_from_resume(source, device=device)
+    return load_codec(source, device=device, with_encoder=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -98,14 +132,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="codes.npz to write")
     parser.add_argument("--text-field", choices=("normalized_text", "text"), default="normalized_text")
     parser.add_argument("--batch-s", type=float, default=DEFAULT_BATCH_S)
+    parser.add_argument("--device", default="cpu", help="where the encoder runs (cuda: raise --batch-s too)")
+    parser.add_argument("--load-workers", type=int, default=1, help="threads decoding audio files ahead")
+    parser.add_argument("--previous", type=Path, help="a codes.npz from the same codec: its utterances are reused")
     args = parser.parse_args(argv)
-    codec = load_encoder(args.codec)
+    codec = load_encoder(args.codec, args.device)
     rows = read_manifest(args.manifest)
+    previous = CodesPack.load(args.previous) if args.previous is not None and args.previous.exists() else None
+    known = set(previous.ids) if previous is not None else set()
 
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} utterances", end="", flush=True)
 
-    pack = encode_utterances(codec, rows, text_field=args.text_field, batch_s=args.batch_s, progress=progress)
+    pack = encode_utterances(
+        codec, [u for u in rows if u.id not in known], text_field=args.text_field, batch_s=args.batch_s,
+        progress=progress, load_workers=args.load_workers,
+    )  # fmt: skip
+    if previous is not None:
+        pack = merge_packs(previous, pack)
     pack.save(args.out)
     frames = sum(c.shape[1] for c in pack.codes)
     print(f"\n{args.out}: {len(pack.ids)} utterances, {frames} frames")

@@ -1,0 +1,327 @@
+"""One GPU-machine hold, end to end: codec → teacher audio on the machine's own cores → codes → DualAR ∥ GAN phase.
+
+A device call lasts at most 10 minutes and carries at most 64 MiB, but a machine stays held between calls, and a
+process that starts its own session (setsid) outlives the call that started it. So the long work runs as daemons
+under one work folder, and each call only starts a stage, waits, or collects:
+
+  start-codec   copy the code to WORK/src and start the codec's reconstruction phase on the carried shards (daemon)
+  start-rest    start the orchestrator (daemon): Piper speaks the corpus on all but a few cores while the codec
+                trains; once the codec has finished it stops Piper, encodes every finished utterance to codes on the
+                GPU, then trains the DualAR and the codec's GAN phase (encoder frozen: the codes stay valid) side by
+                side until the deadline
+  wait          block until the orchestrator is done or N seconds have passed, printing progress, then collect
+  collect       copy the small outputs (checkpoints, logs, codes, samples, ≤ 16 MiB each) into OUT
+
+The teacher data never leaves the machine: only codes and checkpoints come back. Usage in training/TRAINING.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# A file that comes back from the device may be at most 16 MiB.
+MAX_RETURN_BYTES = 16 * 2**20
+# Seconds kept free before the deadline for the trainers' final save and sampling.
+FINISH_MARGIN_S = 60.0
+# Audio of the device's own teacher data packed for the GAN phase (besides the carried shards).
+GAN_EXTRA_AUDIO_S = 3600.0
+POLL_S = 5.0
+# How often the teacher's new utterances are encoded and handed to the DualAR trainer.
+DEFAULT_REFRESH_S = 180.0
+
+
+def log(work: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    with (work / "pipeline.log").open("a") as f:
+        f.write(line + "\n")
+
+
+def daemon(cmd: list[str], *, cwd: Path, log_path: Path, rc_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start `cmd` in a new session (it outlives the device call); its exit status goes to `rc_path`."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if rc_path is not None:
+        quoted = " ".join(_quote(c) for c in cmd)
+        cmd = ["sh", "-c", f"{quoted}; echo $? > {_quote(str(rc_path))}"]
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def copy_code(repo: Path, work: Path) -> Path:
+    """The packages the trainers import, copied once: later calls replace the checkout under running daemons."""
+    src = work / "src"
+    if not src.exists():
+        src.mkdir(parents=True)
+        for name in ("model", "training"):
+            shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+def start_codec(args: argparse.Namespace) -> None:
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    src = copy_code(Path.cwd(), work)
+    (work / "t0").write_text(f"{time.time()}\n")
+    (work / "shards").mkdir(exist_ok=True)
+    shards = []
+    for s in args.shards:  # copied: a later call may replace the carried files
+        shards.append(str(work / "shards" / Path(s).name))
+        shutil.copyfile(s, shards[-1])
+    cmd = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--out", str(work / "codec"),
+           "--train-seconds", str(args.seconds), "--total-seconds", str(args.seconds)]  # fmt: skip
+    (work / "codec").mkdir(exist_ok=True)
+    daemon(cmd + args.extra, cwd=src, log_path=work / "codec.log", rc_path=work / "codec.rc")
+    (work / "codec_shards.json").write_text(json.dumps(shards))
+    log(work, f"codec started: {' '.join(cmd[3:] + args.extra)}")
+
+
+def start_rest(args: argparse.Namespace) -> None:
+    work: Path = args.work
+    src = copy_code(Path.cwd(), work)
+    corpus = work / "corpus.jsonl"
+    shutil.copyfile(args.corpus, corpus)
+    cmd = [sys.executable, "-m", "training.device_pipeline", "orchestrate", "--work", str(work),
+           "--deadline", str(float((work / "t0").read_text()) + args.total_seconds),
+           "--teacher-workers", str(args.teacher_workers), "--piper-python", args.piper_python,
+           "--teacher-shard-items", str(args.teacher_shard_items), "--refresh-s", str(args.refresh_s),
+           f"--dual-ar-args={json.dumps(shlex.split(args.dual_ar_args))}",
+           f"--gan-args={json.dumps(shlex.split(args.gan_args))}", f"--encode-device={args.encode_device}"]  # fmt: skip
+    daemon(cmd, cwd=src, log_path=work / "orchestrator.log")
+    log(work, "orchestrator started")
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    work: Path = args.work
+    src = work / "src"
+    deadline: float = args.deadline
+    teacher_dir = work / "teacher"
+
+    def start_teacher(workers: int) -> subprocess.Popen[bytes]:
+        log(work, f"teacher started on {workers} cores")
+        return subprocess.Popen(
+            [sys.executable, "-m", "training.teacher", "--corpus", str(work / "corpus.jsonl"), "--out",
+             str(teacher_dir), "--piper-python", args.piper_python, "--workers", str(workers),
+             "--shard-items", str(args.teacher_shard_items)],
+            cwd=src, stdout=(work / "teacher.log").open("ab"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def stop_teacher(teacher: subprocess.Popen[bytes]) -> None:
+        if teacher.poll() is None:
+            teacher.send_signal(signal.SIGTERM)  # training.teacher kills its Piper processes and keeps done shards
+            try:
+                teacher.wait(60)
+            except subprocess.TimeoutExpired:
+                teacher.kill()
+
+    teacher = start_teacher(args.teacher_workers)
+    try:
+        while not (work / "codec.rc").exists():
+            if teacher.poll() is not None and teacher.returncode != 0:
+                log(work, f"teacher exited with {teacher.returncode} (see teacher.log); waiting for the codec")
+            time.sleep(POLL_S)
+    finally:
+        stop_teacher(teacher)
+    codec_rc = (work / "codec.rc").read_text().strip()
+    codec_file = work / "codec" / "codec_resume.safetensors"
+    if codec_rc != "0" or not codec_file.exists():
+        log(work, f"codec failed (rc {codec_rc}); see codec.log")
+        (work / "FAILED").write_text("codec\n")
+        return
+    sys.path.insert(0, str(src))
+    from training.teacher import merge_manifests
+
+    manifest, rows, hours = merge_manifests(teacher_dir)
+    log(work, f"codec done; teacher stopped with {rows} utterances, {hours:.2f} h")
+    if rows == 0:
+        log(work, "no teacher audio was finished (see teacher.log)")
+        (work / "FAILED").write_text("teacher\n")
+        return
+    started = time.monotonic()
+    rc = subprocess.call(
+        [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(codec_file),
+         "--out", str(work / "codes.npz"), "--device", args.encode_device, "--batch-s", "900", "--load-workers", "12"],
+        cwd=src, stdout=(work / "encode.log").open("ab"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    if rc != 0:
+        log(work, f"encoding failed (rc {rc}); see encode.log")
+        (work / "FAILED").write_text("encode\n")
+        return
+    log(work, f"codes written in {time.monotonic() - started:.0f} s")
+    seconds = max(60.0, deadline - time.time() - FINISH_MARGIN_S)
+    dual_ar = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(work / "codes.npz"),
+               "--out", str(work / "dual_ar"), "--train-seconds", f"{seconds:.0f}", "--total-seconds", f"{seconds:.0f}",
+               "--codes-refresh", str(work / "codes_live.npz"),
+               *args.dual_ar_args]  # fmt: skip
+    gan_manifest = teacher_dir / "gan_manifest.jsonl"  # beside manifest.jsonl: audio paths are relative to it
+    carried = json.loads((work / "codec_shards.json").read_text())
+    shards = " ".join(_quote(s) for s in carried)
+    pack = ""
+    if _audio_prefix(manifest, gan_manifest, GAN_EXTRA_AUDIO_S):  # the device's own audio too, packed first
+        pack = (f"{_quote(sys.executable)} -m training.codec_train pack --manifest {_quote(str(gan_manifest))} "
+                f"--out {_quote(str(work / 'gan_shards'))} --max-mib 400 && ")  # fmt: skip
+        shards += f" {_quote(str(work / 'gan_shards'))}/shard_*.npz"
+    gan_seconds = max(60.0, seconds - 60.0)  # packing the extra audio takes a little of its budget
+    gan = (pack + f"{_quote(sys.executable)} -m training.codec_train train --shards {shards} "
+           f"--resume {_quote(str(codec_file))} "
+           f"--out {_quote(str(work / 'gan'))} --adversarial --freeze-encoder --new-phase "
+           f"--train-seconds {gan_seconds:.0f} --total-seconds {gan_seconds:.0f} "
+           + " ".join(_quote(a) for a in args.gan_args))  # fmt: skip
+    procs = {
+        "dual_ar": daemon(dual_ar, cwd=src, log_path=work / "dual_ar.log", rc_path=work / "dual_ar.rc"),
+        "gan": daemon(["sh", "-c", gan], cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc"),
+    }
+    log(work, f"DualAR and GAN phase started for {seconds:.0f} s")
+    # the teacher goes on speaking on the cores the trainers leave free; every --refresh-s its new utterances are
+    # encoded (reusing the codes already made) and handed to the DualAR trainer, which re-reads the pack per epoch
+    teacher = start_teacher(max(1, args.teacher_workers - 2))
+    live = work / "codes_live.npz"
+    shutil.copyfile(work / "codes.npz", live)
+    try:
+        while time.time() < deadline - FINISH_MARGIN_S - args.refresh_s and procs["dual_ar"].poll() is None:
+            time.sleep(args.refresh_s)
+            manifest, rows, hours = merge_manifests(teacher_dir)
+            rc = subprocess.call(
+                [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec",
+                 str(codec_file), "--out", str(work / "codes_next.npz"), "--previous", str(live), "--device",
+                 args.encode_device, "--batch-s", "900", "--load-workers", "4"],
+                cwd=src, stdout=(work / "encode.log").open("ab"), stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            if rc != 0:
+                log(work, f"re-encoding failed (rc {rc}); the DualAR keeps its current pack")
+                break
+            os.replace(work / "codes_next.npz", live)
+            log(work, f"codes refreshed: {rows} utterances, {hours:.2f} h")
+    finally:
+        stop_teacher(teacher)
+    status = {name: p.wait() for name, p in procs.items()}
+    rcs = {name: (work / f"{name}.rc").read_text().strip() if (work / f"{name}.rc").exists() else "?" for name in procs}
+    log(work, f"finished: {rcs} (wrappers {status})")
+    (work / "DONE").write_text(json.dumps(rcs) + "\n")
+
+
+def _audio_prefix(manifest: Path, out: Path, seconds: float) -> int:
+    """The first `seconds` of training audio of a manifest (its rows are in a hash order: a representative mix);
+    returns the number of rows written."""
+    kept, total = [], 0.0
+    for line in manifest.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("split") != "train" or total >= seconds:
+            continue
+        kept.append(line)
+        total += float(row["duration_s"])
+    out.write_text("".join(k + "\n" for k in kept))
+    return len(kept)
+
+
+# What comes back, relative to WORK (missing files are skipped).
+RETURNED = [
+    "pipeline.log", "codec.log", "orchestrator.log", "teacher.log", "encode.log", "dual_ar.log", "gan.log",
+    "codec/codec_resume.safetensors", "codec/codec_log.jsonl", "codec/codec_sample.wav",
+    "teacher/timings.jsonl", "teacher/manifest.jsonl", "codes_live.npz",
+    "dual_ar/dual_ar_best.safetensors", "dual_ar/dual_ar_resume.safetensors", "dual_ar/dual_ar_log.jsonl",
+    "dual_ar/dual_ar_samples.npz", "gan/codec_resume.safetensors", "gan/codec_log.jsonl", "gan/codec_sample.wav",
+    "DONE", "FAILED",
+]  # fmt: skip
+
+
+def collect(work: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for rel in RETURNED:
+        path = work / rel
+        if not path.is_file():
+            continue
+        if path.stat().st_size > MAX_RETURN_BYTES:
+            print(f"not returned (over 16 MiB): {rel}", flush=True)
+            continue
+        target = out / rel.replace("/", "__")
+        shutil.copyfile(path, target)
+
+
+def wait(args: argparse.Namespace) -> None:
+    work: Path = args.work
+    until = time.monotonic() + args.seconds
+    shown: dict[str, int] = {}
+    while time.monotonic() < until and not (work / "DONE").exists() and not (work / "FAILED").exists():
+        time.sleep(min(30.0, max(0.0, until - time.monotonic())))
+        for name in ("pipeline.log", "codec.log", "teacher.log", "encode.log", "dual_ar.log", "gan.log"):
+            path = work / name
+            if not path.exists():
+                continue
+            lines = path.read_text(errors="replace").splitlines()
+            new = lines[shown.get(name, 0) :]
+            shown[name] = len(lines)
+            for line in new[-3:]:
+                print(f"[{name}] {line[:300]}", flush=True)
+    done = sorted((work / "teacher" / "shards").glob("*.jsonl")) if (work / "teacher" / "shards").exists() else []
+    print(f"teacher shards done: {len(done)}", flush=True)
+    if args.out is not None:
+        collect(work, args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("start-codec")
+    c.add_argument("--work", type=Path, required=True)
+    c.add_argument("--shards", nargs="+", required=True)
+    c.add_argument("--seconds", type=float, required=True)
+    c.add_argument("--extra", nargs=argparse.REMAINDER, default=[])
+    r = sub.add_parser("start-rest")
+    r.add_argument("--work", type=Path, required=True)
+    r.add_argument("--corpus", type=Path, required=True)
+    r.add_argument("--total-seconds", type=float, required=True, help="from start-codec to the trainers' end")
+    r.add_argument("--teacher-workers", type=int, default=max(1, (os.cpu_count() or 4) - 3))
+    r.add_argument("--piper-python", default=sys.executable)
+    r.add_argument("--teacher-shard-items", type=int, default=40)
+    r.add_argument("--refresh-s", type=float, default=DEFAULT_REFRESH_S)
+    r.add_argument("--dual-ar-args", default="", help="extra dual_ar_train flags, one string (use --dual-ar-args=...)")
+    r.add_argument("--gan-args", default="", help="extra codec_train train flags for the GAN phase, one string")
+    r.add_argument("--encode-device", default="cuda")
+    o = sub.add_parser("orchestrate")
+    o.add_argument("--work", type=Path, required=True)
+    o.add_argument("--deadline", type=float, required=True)
+    o.add_argument("--teacher-workers", type=int, required=True)
+    o.add_argument("--piper-python", required=True)
+    o.add_argument("--teacher-shard-items", type=int, required=True)
+    o.add_argument("--refresh-s", type=float, required=True)
+    o.add_argument("--dual-ar-args", type=json.loads, required=True)
+    o.add_argument("--gan-args", type=json.loads, required=True)
+    o.add_argument("--encode-device", required=True)
+    w = sub.add_parser("wait")
+    w.add_argument("--work", type=Path, required=True)
+    w.add_argument("--seconds", type=float, required=True)
+    w.add_argument("--out", type=Path)
+    k = sub.add_parser("collect")
+    k.add_argument("--work", type=Path, required=True)
+    k.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "start-codec":
+        start_codec(args)
+    elif args.command == "start-rest":
+        start_rest(args)
+    elif args.command == "orchestrate":
+        orchestrate(args)
+    elif args.command == "wait":
+        wait(args)
+    else:
+        collect(args.work, args.out)
+
+
+if __name__ == "__main__":
+    main()
