@@ -117,7 +117,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         return subprocess.Popen(
             [sys.executable, "-m", "training.teacher", "--corpus", str(work / "corpus.jsonl"), "--out",
              str(teacher_dir), "--piper-python", args.piper_python, "--workers", str(workers),
-             "--shard-items", str(args.teacher_shard_items)],
+             "--shard-items", str(args.teacher_shard_items), "--piper-threads", "1"],
             cwd=src, stdout=(work / "teacher.log").open("ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
 

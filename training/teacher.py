@@ -96,8 +96,15 @@ def piper_version(python: str) -> str:
     return _python_query(python, "import importlib.metadata as m; print(m.version('piper-tts'))")
 
 
-def piper_command(python: str, config: TeacherConfig, input_path: Path, output_dir: Path) -> list[str]:
-    cmd = [python, "-m", "piper", "-m", config.model_path, "-i", str(input_path), "-d", str(output_dir)]
+PIPER_LAUNCHER = Path(__file__).with_name("piper_launcher.py")
+
+
+def piper_command(
+    python: str, config: TeacherConfig, input_path: Path, output_dir: Path, threads: int | None = None
+) -> list[str]:
+    """Piper's command line; `threads` caps onnxruntime's pool through training/piper_launcher.py (a script)."""
+    start = [python, "-m", "piper"] if threads is None else [python, str(PIPER_LAUNCHER), str(threads)]
+    cmd = [*start, "-m", config.model_path, "-i", str(input_path), "-d", str(output_dir)]
     cmd += ["--sentence-silence", str(config.sentence_silence_s)]
     for flag, value in (("--noise-scale", config.noise_scale), ("--noise-w", config.noise_w),
                         ("--length-scale", config.length_scale)):  # fmt: skip
@@ -130,8 +137,9 @@ def shard_paths(out_dir: Path, index: int) -> tuple[Path, Path]:
 
 
 def synthesize_shard(
-    python: str, config: TeacherConfig, out_dir: Path, index: int, items: list[CorpusItem], core: int | None
-) -> ShardResult:
+    python: str, config: TeacherConfig, out_dir: Path, index: int, items: list[CorpusItem], core: int | None,
+    threads: int | None = None,
+) -> ShardResult:  # fmt: skip
     """Speak one shard with one Piper process and write its FLAC files, then its manifest (last, atomically)."""
     import soundfile as sf
 
@@ -143,7 +151,7 @@ def synthesize_shard(
         tmp_dir = Path(tmp)
         input_path = tmp_dir / "input.txt"
         input_path.write_text("".join(item.norm.replace("\n", " ") + "\n" for item in items), encoding="utf-8")
-        cmd = piper_command(python, config, input_path, tmp_dir / "wav")
+        cmd = piper_command(python, config, input_path, tmp_dir / "wav", threads)
         piper_started = time.perf_counter()
         with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
             with _RUNNING_LOCK:
@@ -211,8 +219,9 @@ def _check_config(out_dir: Path, config: TeacherConfig) -> None:
 
 
 def synthesize(
-    items: list[CorpusItem], out_dir: Path, config: TeacherConfig, *, python: str, workers: int, limit: int | None
-) -> list[ShardResult]:
+    items: list[CorpusItem], out_dir: Path, config: TeacherConfig, *, python: str, workers: int, limit: int | None,
+    threads: int | None = None,
+) -> list[ShardResult]:  # fmt: skip
     """Speak the first ``limit`` items (all when None) in parallel shards; shards already finished are skipped."""
     _check_config(out_dir, config)
     chosen = items if limit is None else items[:limit]
@@ -229,7 +238,7 @@ def synthesize(
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {core})
         try:
-            return synthesize_shard(python, config, out_dir, index, shards[index], core)
+            return synthesize_shard(python, config, out_dir, index, shards[index], core, threads)
         finally:
             free_cores.put(core)
 
@@ -265,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="speak only the first N corpus items (held-out items come first)")
     parser.add_argument("--shard-items", type=int, default=DEFAULT_SHARD_ITEMS)
+    parser.add_argument("--piper-threads", type=int, help="cap each Piper process's onnxruntime threads")
     parser.add_argument("--noise-scale", type=float, default=DETERMINISTIC_NOISE, help="-1: the voice's default")
     parser.add_argument("--noise-w", type=float, default=DETERMINISTIC_NOISE, help="-1: the voice's default")
     parser.add_argument("--length-scale", type=float)
@@ -285,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     items = read_corpus(args.corpus)
     started = time.perf_counter()
-    results = synthesize(items, args.out, config, python=args.piper_python, workers=args.workers, limit=args.limit)
+    results = synthesize(
+        items, args.out, config, python=args.piper_python, workers=args.workers, limit=args.limit,
+        threads=args.piper_threads,
+    )  # fmt: skip
     elapsed_s = time.perf_counter() - started
     manifest, n_rows, hours = merge_manifests(args.out)
     audio_s = sum(r.audio_s for r in results)
