@@ -43,9 +43,12 @@ VALIDATION_CROPS = 16
 @dataclass(frozen=True, slots=True)
 class CodecTrainConfig:
     codec: dict[str, Any]  # codec_config.json contents
-    batch_size: int = 64
+    # batch 16 at 1e-4 in fp32: the H200 runs of 2026-11-30 (training/TRAINING.md, "Run 1") collapsed the FSQ to
+    # one code per group at 5e-4 (with or without bf16) once the warm-up reached ~2e-4; 1e-4 recovered, and batch 16
+    # reached the lowest mel loss per second (mel 0.63 after 200 s, 5 runs sharing one GPU)
+    batch_size: int = 16
     segment_frames: int = 16  # crop length in code frames (16 · 2048 samples = 0.74 s)
-    lr: float = 5e-4
+    lr: float = 1e-4
     betas: tuple[float, float] = (0.8, 0.99)  # HiFiGAN's
     total_seconds: float = 960.0  # cosine LR horizon in training seconds over all calls (calls are time-boxed)
     total_steps: int = 0  # or a horizon in steps (used when total_seconds is 0)
@@ -59,7 +62,7 @@ class CodecTrainConfig:
     gain_db_range: tuple[float, float] = (-6.0, 0.0)  # random level per crop (encoder robustness for references)
     holdout_fraction: float = 0.02
     seed: int = 0
-    amp: bool = True  # bf16 autocast on CUDA (losses stay fp32)
+    amp: bool = False  # bf16 autocast on CUDA (losses stay fp32); off by default, see lr
 
 
 @dataclass
@@ -282,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tr.add_argument("--adversarial", action="store_true")
     tr.add_argument("--freeze-encoder", action="store_true", help="decoder only: codes stay unchanged")
     tr.add_argument("--new-phase", action="store_true", help="restart the LR schedule at this call")
-    tr.add_argument("--no-amp", action="store_true")
+    tr.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA")
     args = parser.parse_args(argv)
 
     if args.command == "pack":
@@ -296,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         codec=codec or named_config(config_arg, CODEC_CANDIDATES), batch_size=args.batch_size,
         segment_frames=args.segment_frames, lr=args.lr, total_steps=args.total_steps,
         total_seconds=args.total_seconds, warmup_steps=args.warmup_steps, adversarial=args.adversarial,
-        freeze_encoder=args.freeze_encoder, seed=args.seed, amp=not args.no_amp,
+        freeze_encoder=args.freeze_encoder, seed=args.seed, amp=args.amp,
     )  # fmt: skip
     if args.resume is not None and args.resume.is_file():
         _, meta = load_resume(args.resume)

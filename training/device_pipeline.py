@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     gan_seconds = max(60.0, seconds - 60.0)  # packing the extra audio takes a little of its budget
     gan = (pack + f"{_quote(sys.executable)} -m training.codec_train train --shards {shards} "
            f"--resume {_quote(str(codec_file))} "
-           f"--out {_quote(str(work / 'gan'))} --adversarial --freeze-encoder --new-phase "
+           f"--out {_quote(str(work / 'gan'))} --freeze-encoder --new-phase "
            f"--train-seconds {gan_seconds:.0f} --total-seconds {gan_seconds:.0f} "
            + " ".join(_quote(a) for a in args.gan_args))  # fmt: skip
     procs = {
@@ -238,19 +239,30 @@ RETURNED = [
     "dual_ar/dual_ar_samples.npz", "gan/codec_resume.safetensors", "gan/codec_log.jsonl", "gan/codec_sample.wav",
     "DONE", "FAILED",
 ]  # fmt: skip
+# Returned as files of their own (≤ 6 of these: 8 files come back per call, one more is small.tar.gz).
+BIG_RETURNED = {
+    "codec/codec_resume.safetensors", "codes_live.npz", "dual_ar/dual_ar_best.safetensors",
+    "dual_ar/dual_ar_resume.safetensors", "gan/codec_resume.safetensors",
+}  # fmt: skip
 
 
 def collect(work: Path, out: Path) -> None:
+    """Checkpoints as files of their own, everything small in one `small.tar.gz`: at most 8 files come back."""
     out.mkdir(parents=True, exist_ok=True)
+    small: list[str] = []
     for rel in RETURNED:
         path = work / rel
         if not path.is_file():
             continue
         if path.stat().st_size > MAX_RETURN_BYTES:
             print(f"not returned (over 16 MiB): {rel}", flush=True)
-            continue
-        target = out / rel.replace("/", "__")
-        shutil.copyfile(path, target)
+        elif rel in BIG_RETURNED:
+            shutil.copyfile(path, out / rel.replace("/", "__"))
+        else:
+            small.append(rel)
+    with tarfile.open(out / "small.tar.gz", "w:gz") as tar:
+        for rel in small:
+            tar.add(work / rel, arcname=rel)
 
 
 def wait(args: argparse.Namespace) -> None:

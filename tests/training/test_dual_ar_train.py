@@ -133,3 +133,20 @@ def test_validation_split_is_stable_and_excludes_test() -> None:
     assert all(splits[i] == "train" for i in train + val)
     assert 10 <= len(val) <= 40
     assert pack.train_val_indices(0.05) == (train, val)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_growing_pack_is_picked_up_between_epochs(tmp_path) -> None:
+    """--codes-refresh: when the file changes, the next epoch trains on the larger pack; validation stays fixed."""
+    cfg = DualARTrainConfig(dual_ar=DUAL_AR_TINY, warmup_steps=2, total_steps=50, total_seconds=0.0, max_tokens=64)
+    pack = memorised_pack()
+    refresh = tmp_path / "live.npz"
+    grown = CodesPack(
+        ids=[*pack.ids, "c"], texts=[*pack.texts, "More."], splits=[*pack.splits, "train"],
+        codes=[*pack.codes, memorised_codes()[0]], samples_per_frame=2048, sample_rate_hz=44100,
+    )  # fmt: skip
+    grown.save(refresh)
+    logged: list[dict] = []
+    train_dual_ar(cfg, pack, max_steps=6, refresh=refresh, on_log=logged.append)
+    refreshes = [e for e in logged if "refreshed_utterances" in e]
+    assert refreshes and refreshes[0]["refreshed_utterances"] == 3 and refreshes[0]["train_utterances"] == 3

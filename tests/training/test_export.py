@@ -21,7 +21,9 @@ from training.audio_pack import read_manifest
 from training.checkpoints import export_model_folder
 from training.codec_model import TrainableCodec
 from training.configs import CODEC_TINY, DUAL_AR_TINY
-from training.encode_codes import encode_batch, encode_utterances, frames_for
+from training.dual_ar_data import CodesPack
+from training.encode_codes import encode_batch, encode_utterances, frames_for, merge_packs
+from training.encode_codes import main as encode_main
 
 from .helpers import SAMPLE_RATE_HZ, TEXTS, chirp, memorised_codes, memorised_dual_ar, one_thread  # noqa: F401
 
@@ -137,6 +139,29 @@ def test_batched_encoding_equals_encoding_alone(tmp_path) -> None:
         np.testing.assert_array_equal(codes[:, :-1], alone[:, :-1])
     loaded = type(pack).load(_saved(pack, tmp_path))
     assert loaded.ids == pack.ids and all(np.array_equal(a, b) for a, b in zip(loaded.codes, pack.codes, strict=True))
+    # decoding ahead in threads gives the same pack (batch order and membership do not change)
+    threaded = encode_utterances(codec, utts, batch_s=0.8, load_workers=3)
+    alone_batches = encode_utterances(codec, utts, batch_s=0.8)
+    assert threaded.ids == alone_batches.ids
+    assert all(np.array_equal(a, b) for a, b in zip(threaded.codes, alone_batches.codes, strict=True))
+    # --previous: utterances already in the old pack are reused, not re-encoded; new ones are appended
+    encode_main(["--manifest", str(tmp_path / "manifest.jsonl"), "--codec", str(folder), "--out",
+                 str(tmp_path / "first.npz")])  # fmt: skip
+    extra = {"id": "u3", "text": "T3.", "norm": "t3", "duration_s": 0.4, "audio": "u3.flac", "split": "test"}
+    sf.write(tmp_path / "u3.flac", chirp(0.4, seed=3), SAMPLE_RATE_HZ, subtype="PCM_16")
+    with (tmp_path / "manifest.jsonl").open("a") as f:
+        f.write(json.dumps(extra) + "\n")
+    first = CodesPack.load(tmp_path / "first.npz")
+    first.codes[0][:] = 7  # marks the reused utterance
+    first.save(tmp_path / "first.npz")
+    encode_main(["--manifest", str(tmp_path / "manifest.jsonl"), "--codec", str(folder), "--out",
+                 str(tmp_path / "grown.npz"), "--previous", str(tmp_path / "first.npz")])  # fmt: skip
+    grown = CodesPack.load(tmp_path / "grown.npz")
+    assert grown.ids == ["u0", "u1", "u2", "u3"] and grown.splits[-1] == "test"
+    assert (grown.codes[0] == 7).all()
+    np.testing.assert_array_equal(grown.codes[3][:, :-1], encode_batch(codec, [chirp(0.4, seed=3)])[0][:, :-1])
+    with pytest.raises(ValueError, match="different codecs"):
+        merge_packs(grown, CodesPack([], [], [], [], 1024, 44100))
 
 
 def _saved(pack, tmp_path):
