@@ -25,6 +25,7 @@ from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
 from model.prompt import PromptBuilder, history_is_append
 from model.stepper import DecodeStepper, RowSampling, power_of_two_buckets
+from model.text_normalize import get_normalizer
 from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
@@ -70,6 +71,7 @@ class ModelInfo:
     name: str
     untrained: bool  # a random-weight model: its output is noise
     max_frames_per_char: float | None  # cap on frames per input character (untrained models never stop alone)
+    text_normalizer: str | None  # what the model was trained on: None = raw text (official), "english" = normalised
     sample_rate_hz: int
     samples_per_frame: int
     num_codebooks: int
@@ -128,6 +130,7 @@ class Backend:
             else None
         )
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
+        self._normalize = get_normalizer(meta.get("text_normalizer"))
         self.im_end_id = self.tokenizer.im_end_id
         self.max_seq_len = self.stepper.max_seq_len
         self.history_max_length = min(HISTORY_MAX_LENGTH, self.max_seq_len)
@@ -135,6 +138,7 @@ class Backend:
             name=str(meta.get("name") or folder.name),
             untrained=bool(meta.get("untrained", False)),
             max_frames_per_char=meta.get("max_frames_per_char"),
+            text_normalizer=meta.get("text_normalizer"),
             sample_rate_hz=self.codec.config.spec_transform.sample_rate,
             samples_per_frame=self.codec.config.samples_per_frame,
             num_codebooks=c.num_codebooks,
@@ -149,11 +153,17 @@ class Backend:
         )  # fmt: skip
 
     # ---- prompts ---------------------------------------------------------------------------------------------------
-    def prefix_tokens(self, references: Sequence[tuple[str, np.ndarray]]) -> torch.Tensor | None:
-        return self.builder.prefix([(text, torch.from_numpy(codes)) for text, codes in references])
+    def model_text(self, text: str) -> str:
+        """The text as the model was trained to read it (the folder's text_normalizer, if it declares one)."""
+        return self._normalize(text) if self._normalize is not None else text
 
-    def segment_tokens(self, text: str) -> torch.Tensor:
-        return self.builder.target(text)
+    def prefix_tokens(self, references: Sequence[tuple[str, np.ndarray]]) -> torch.Tensor | None:
+        refs = [(self.model_text(text), torch.from_numpy(codes)) for text, codes in references]
+        return self.builder.prefix(refs)
+
+    def segment_tokens(self, model_text: str) -> torch.Tensor:
+        """Prompt tokens of one segment; `model_text` is already `model_text(text)`."""
+        return self.builder.target(model_text)
 
     # ---- decoding ----------------------------------------------------------------------------------------------------
     def set_sampling(self, row: int, sampling: RowSampling) -> None:

@@ -224,7 +224,7 @@ def _warm_up(worker: Worker) -> None:
     from .chunking import all_chunk_sizes
 
     b = worker.b
-    tokens = b.segment_tokens(WARM_UP_TEXT)
+    tokens = b.segment_tokens(b.model_text(WARM_UP_TEXT))
     row = worker.b.session_rows - 2  # any free session row; nothing is admitted before READY
     b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
     logits, hidden = b.prefill(row, tokens, 0)

@@ -200,7 +200,8 @@ class Worker:
         st.segment = Segment(utt, text, 0)  # so a failure below is attributed to this utterance
         s = st.session.settings
         try:
-            seg_tokens = self.b.segment_tokens(text)
+            model_text = self.b.model_text(text)
+            seg_tokens = self.b.segment_tokens(model_text)
             tokens, start = self._segment_prompt(st, seg_tokens, s.condition_on_previous_chunks)
             prompt_end = start + tokens.shape[1]
             room = self.b.max_seq_len - prompt_end
@@ -212,7 +213,7 @@ class Worker:
         except Exception as e:  # bad text or prompt: this stream only
             self._fail(st, e)
             return
-        max_frames = min(st.frames_cap(text, s.max_new_tokens, self.b.info.max_frames_per_char), room)
+        max_frames = min(st.frames_cap(model_text, s.max_new_tokens, self.b.info.max_frames_per_char), room)
         st.history.append(seg_tokens)
         st.segment = Segment(utt, text, max_frames)
         st.prefill = PrefillJob(tokens, start)

@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--name", default="fishgate-default")
     ex.add_argument("--dtype", choices=tuple(DTYPES), default="fp16")
     ex.add_argument("--frames-per-char-margin", type=float, default=2.0, help="× the corpus maximum")
+    ex.add_argument("--text-normalizer", default="english", help="what the DualAR was trained on ('none': raw text)")
     ex.add_argument("--text", default="Hello! This is the default voice of fishgate, speaking on a small CPU.")
     vo = sub.add_parser("vocode", help="dual_ar_samples.npz → WAV files with the codec")
     vo.add_argument("--codec", type=Path, required=True)
@@ -283,7 +284,10 @@ def main(argv: list[str] | None = None) -> None:
         args.out, dual_ar_state=ar_parts["model"], dual_ar_config=ar_meta["dual_ar_config"],
         codec_state=codec_parts["gen"], codec_config=codec_meta["codec_config"], name=args.name, dtype=args.dtype,
         max_frames_per_char=round(fpc, 2),
-        extra_metadata={"dual_ar_step": ar_meta.get("step"), "codec_step": codec_meta.get("step")},
+        extra_metadata={
+            "dual_ar_step": ar_meta.get("step"), "codec_step": codec_meta.get("step"),
+            "text_normalizer": None if args.text_normalizer == "none" else args.text_normalizer,
+        },
     )  # fmt: skip
     print(f"{exported.path}: {exported.total_bytes / 1e6:.2f} MB, DualAR {exported.dual_ar_params / 1e6:.2f} M, "
           f"codec {exported.codec_params / 1e6:.2f} M parameters")  # fmt: skip

@@ -2,7 +2,7 @@
 speakable sentences of 3-30 words, dedupe, and split off a fixed held-out test set that training never sees.
 
 Owns the sources (paths, licences, caps), sentence splitting, the speakability filter and the split. It doesn't
-know how text is spoken (normalize.py) nor about audio (teacher.py). Run ``python -m training.corpus --help``.
+know how text is spoken (model/text_normalize.py) nor about audio (teacher.py). Run ``python -m training.corpus``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from training.normalize import normalize_text, words_for_scoring
+from model.text_normalize import normalize_text, words_for_scoring
 
 # Bump to change every id and the held-out draw on purpose; anything else keeps the split stable.
 SPLIT_SALT = "fishgate-corpus-v1"

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from training.normalize import words_for_scoring
+from model.text_normalize import words_for_scoring
 
 # Whisper's input rate.
 WHISPER_SAMPLE_RATE_HZ = 16000

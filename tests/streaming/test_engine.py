@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from model.codec_checkpoint import load_codec
-from streaming.backend import default_checkpoint
+from streaming.backend import BackendConfig, default_checkpoint
+from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded
 from streaming.session import SynthesisSettings, Voice
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
@@ -225,3 +226,40 @@ def test_voice_prefix_is_prefilled_once_and_reused() -> None:
     assert reused_tokens < solo_tokens - 120  # the ~150-token prefix was not written again
     assert np.array_equal(solo.codes, reused.codes)
     assert np.abs(solo.pcm - reused.pcm).max() <= 1e-4
+
+
+def test_a_model_that_declares_a_text_normalizer_reads_normalised_text(tmp_path, caplog) -> None:
+    """fishgate.json "text_normalizer": "english" (the trained default voice): the engine feeds the model the text
+    spelled out, exactly as the same model without it would get the spelled-out text; official folders read raw."""
+    import json
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "norm").mkdir()
+    raw = fixture_checkpoint(tmp_path / "raw")
+    normalising = fixture_checkpoint(tmp_path / "norm")
+    (normalising / "fishgate.json").write_text(json.dumps({"name": "n", "text_normalizer": "english"}))
+
+    async def codes(checkpoint, text: str) -> np.ndarray:
+        with running_engine(checkpoint) as engine:
+            assert engine.info is not None
+            s = engine.open_session(Voice(), SETTINGS)
+            utt = await speak(s, text)
+            s.close()
+            assert utt.done is not None and not utt.errors
+            assert utt.segments[0].text == text  # events keep the client's text
+            return utt.codes
+
+    written, spelled = "It costs $5 at 10:30.", "It costs five dollars at ten thirty."
+    normalised = asyncio.run(codes(normalising, written))
+    assert np.array_equal(normalised, asyncio.run(codes(raw, spelled)))
+    assert not np.array_equal(asyncio.run(codes(raw, written)), normalised)
+
+    (normalising / "fishgate.json").write_text(json.dumps({"name": "n", "text_normalizer": "klingon"}))
+    engine = Engine(EngineConfig(BackendConfig(checkpoint=normalising, max_sessions=1)))
+    engine.start()
+    try:
+        assert not engine.wait_ready(60)
+        assert engine.fault == "start-up failed: ValueError"  # clients see no internals; the log names the fix
+        assert "unknown text_normalizer 'klingon' in fishgate.json; known: english" in caplog.text
+    finally:
+        engine.stop()

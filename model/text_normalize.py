@@ -1,14 +1,17 @@
-"""English text normaliser for teacher data: numbers, money, times and symbols spelled out, abbreviations expanded.
+"""English text normaliser: numbers, money, times and symbols spelled out, abbreviations expanded.
 
 Owns the mapping from written English to a speakable string of ASCII letters, spaces and basic punctuation
-(``. , ? ! ; : ' -``): what the teacher is asked to say, what the student is trained on, and what both sides of the
-WER comparison are reduced to. It knows nothing about where sentences come from (corpus.py) or about audio.
+(``. , ? ! ; : ' -``): what the default voice's teacher was asked to say, what that model was trained on, and so
+what the engine feeds a model whose folder declares ``"text_normalizer": "english"`` in fishgate.json (official
+Fish checkpoints read raw text and declare none). Also the word reduction both sides of the WER gate use. Knows
+nothing about corpora, audio or models.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 
 # Largest magnitude spelled out; beyond it digits are read one by one (no corpus sentence needs more).
 MAX_SPELLED = 10**15 - 1
@@ -385,3 +388,16 @@ def words_for_scoring(text: str) -> list[str]:
             merged.append(word)
             in_letter_run = len(word) == 1
     return merged
+
+
+# Normalisers a checkpoint folder can declare in fishgate.json ("text_normalizer"), by name.
+NORMALIZERS: dict[str, Callable[[str], str]] = {"english": normalize_text}
+
+
+def get_normalizer(name: str | None) -> Callable[[str], str] | None:
+    """The normaliser a model folder declares (None: the model reads raw text); an unknown name is an error."""
+    if name is None:
+        return None
+    if name not in NORMALIZERS:
+        raise ValueError(f"unknown text_normalizer {name!r} in fishgate.json; known: {', '.join(NORMALIZERS)}")
+    return NORMALIZERS[name]

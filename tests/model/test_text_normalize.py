@@ -1,4 +1,4 @@
-"""Tests for training/normalize.py: spelled numbers, money, times, symbols, abbreviations, and the output charset."""
+"""Tests for model/text_normalize.py: spelled numbers, money, times, symbols, abbreviations, and the output charset."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from training.normalize import (
+from model.text_normalize import (
     normalize_text,
     spell_cardinal,
     spell_money,
