@@ -150,3 +150,22 @@ def test_a_growing_pack_is_picked_up_between_epochs(tmp_path) -> None:
     train_dual_ar(cfg, pack, max_steps=6, refresh=refresh, on_log=logged.append)
     refreshes = [e for e in logged if "refreshed_utterances" in e]
     assert refreshes and refreshes[0]["refreshed_utterances"] == 3 and refreshes[0]["train_utterances"] == 3
+
+
+def test_residual_dropout_acts_in_training_only() -> None:
+    from model.config import DualARConfig
+    from model.dual_ar import DualARTransformer
+    from training.dual_ar_train import add_residual_dropout
+
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    model = DualARTransformer(DualARConfig.from_dict(DUAL_AR_TINY), tok.semantic_begin_id)
+    inp = SequenceBuilder(tok, 4).utterance(TEXTS[0], memorised_codes()[0])[0].unsqueeze(0)
+    model.eval()
+    before = model(inp)[0]
+    handles = add_residual_dropout(model, 0.5)
+    assert len(handles) == 2 * (model.config.n_layer + model.config.n_fast_layer)
+    torch.testing.assert_close(model(inp)[0], before, rtol=0, atol=0)  # eval: untouched
+    model.train()
+    assert not torch.equal(model(inp)[0], before)
+    assert add_residual_dropout(model, 0.0) == []
