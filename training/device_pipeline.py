@@ -9,6 +9,7 @@ under one work folder, and each call only starts a stage, waits, or collects:
                 trains; once the codec has finished it stops Piper, encodes every finished utterance to codes on the
                 GPU, then trains the DualAR and the codec's GAN phase (encoder frozen: the codes stay valid) side by
                 side until the deadline
+  start-dual-ar hold B: the DualAR on carried codes ∥ the decoder-only phase on carried shards (daemons)
   wait          block until the orchestrator is done or N seconds have passed, printing progress, then collect
   collect       copy the small outputs (checkpoints, logs, codes, samples, ≤ 16 MiB each) into OUT
 
@@ -97,14 +98,49 @@ def start_rest(args: argparse.Namespace) -> None:
     src = copy_code(Path.cwd(), work)
     corpus = work / "corpus.jsonl"
     shutil.copyfile(args.corpus, corpus)
+    if not (work / "t0").exists():  # codec-on-device-audio mode: no start-codec before
+        (work / "t0").write_text(f"{time.time()}\n")
     cmd = [sys.executable, "-m", "training.device_pipeline", "orchestrate", "--work", str(work),
            "--deadline", str(float((work / "t0").read_text()) + args.total_seconds),
            "--teacher-workers", str(args.teacher_workers), "--piper-python", args.piper_python,
            "--teacher-shard-items", str(args.teacher_shard_items), "--refresh-s", str(args.refresh_s),
            f"--dual-ar-args={json.dumps(shlex.split(args.dual_ar_args))}",
-           f"--gan-args={json.dumps(shlex.split(args.gan_args))}", f"--encode-device={args.encode_device}"]  # fmt: skip
+           f"--gan-args={json.dumps(shlex.split(args.gan_args))}", f"--encode-device={args.encode_device}",
+           f"--codec-args={json.dumps(shlex.split(args.codec_args))}", "--codec-audio-s", str(args.codec_audio_s),
+           "--codec-seconds", str(args.codec_seconds)] + (["--codes-only"] if args.codes_only else [])  # fmt: skip
     daemon(cmd, cwd=src, log_path=work / "orchestrator.log")
     log(work, "orchestrator started")
+
+
+def start_dual_ar(args: argparse.Namespace) -> None:
+    """Hold B: the DualAR on carried codes and the decoder-only codec phase on carried shards, side by side."""
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    src = copy_code(Path.cwd(), work)
+    shutil.copyfile(args.codes, work / "codes_live.npz")
+    (work / "codec").mkdir(exist_ok=True)
+    shutil.copyfile(args.codec, work / "codec" / "codec_resume.safetensors")
+    (work / "shards").mkdir(exist_ok=True)
+    shards = []
+    for s in args.shards:
+        shards.append(str(work / "shards" / Path(s).name))
+        shutil.copyfile(s, shards[-1])
+    seconds = f"{args.seconds:.0f}"
+    dual_ar = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(work / "codes_live.npz"), "--out",
+               str(work / "dual_ar"), "--train-seconds", seconds, "--total-seconds", seconds,
+               *shlex.split(args.dual_ar_args)]  # fmt: skip
+    gan = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--resume",
+           str(work / "codec" / "codec_resume.safetensors"), "--out", str(work / "gan"), "--freeze-encoder",
+           "--new-phase", "--train-seconds", seconds, "--total-seconds", seconds,
+           *shlex.split(args.gan_args)]  # fmt: skip
+    daemon(dual_ar, cwd=src, log_path=work / "dual_ar.log", rc_path=work / "dual_ar.rc")
+    daemon(gan, cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc")
+    rcs = [_quote(str(work / name)) for name in ("dual_ar.rc", "gan.rc")]
+    done = (
+        f"while [ ! -f {rcs[0]} ] || [ ! -f {rcs[1]} ]; do sleep 5; done; echo finished > {_quote(str(work / 'DONE'))}"
+    )
+    daemon(["sh", "-c", done], cwd=src, log_path=work / "waiter.log")
+    log(work, f"DualAR and decoder-only phase started for {seconds} s")
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -131,7 +167,35 @@ def orchestrate(args: argparse.Namespace) -> None:
                 teacher.kill()
 
     teacher = start_teacher(args.teacher_workers)
+    sys.path.insert(0, str(src))
+    from training.teacher import merge_manifests
+
     try:
+        if args.codec_audio_s > 0:  # hold A: the codec trains on the device's own teacher audio
+            while True:
+                time.sleep(POLL_S)
+                manifest, _, _ = merge_manifests(teacher_dir)
+                if _audio_prefix(manifest, teacher_dir / "codec_manifest.jsonl", args.codec_audio_s) and (
+                    _train_seconds(teacher_dir / "codec_manifest.jsonl") >= args.codec_audio_s
+                ):
+                    break
+            rc = subprocess.call(
+                [sys.executable, "-m", "training.codec_train", "pack", "--manifest",
+                 str(teacher_dir / "codec_manifest.jsonl"), "--out", str(work / "codec_shards"), "--max-mib", "400"],
+                cwd=src, stdout=(work / "codec.log").open("ab"), stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            packed = sorted(str(p) for p in (work / "codec_shards").glob("shard_*.npz"))
+            if rc != 0 or not packed:
+                log(work, f"packing the codec's audio failed (rc {rc}); see codec.log")
+                (work / "FAILED").write_text("codec pack\n")
+                return
+            (work / "codec_shards.json").write_text(json.dumps(packed))
+            (work / "codec").mkdir(exist_ok=True)
+            cmd = [sys.executable, "-m", "training.codec_train", "train", "--shards", *packed, "--out",
+                   str(work / "codec"), "--train-seconds", f"{args.codec_seconds:.0f}", "--total-seconds",
+                   f"{args.codec_seconds:.0f}", *args.codec_args]  # fmt: skip
+            daemon(cmd, cwd=src, log_path=work / "codec.log", rc_path=work / "codec.rc")
+            log(work, f"codec started on {len(packed)} packed shards of the device's audio for {args.codec_seconds} s")
         while not (work / "codec.rc").exists():
             if teacher.poll() is not None and teacher.returncode != 0:
                 log(work, f"teacher exited with {teacher.returncode} (see teacher.log); waiting for the codec")
@@ -144,9 +208,6 @@ def orchestrate(args: argparse.Namespace) -> None:
         log(work, f"codec failed (rc {codec_rc}); see codec.log")
         (work / "FAILED").write_text("codec\n")
         return
-    sys.path.insert(0, str(src))
-    from training.teacher import merge_manifests
-
     manifest, rows, hours = merge_manifests(teacher_dir)
     log(work, f"codec done; teacher stopped with {rows} utterances, {hours:.2f} h")
     if rows == 0:
@@ -164,6 +225,11 @@ def orchestrate(args: argparse.Namespace) -> None:
         (work / "FAILED").write_text("encode\n")
         return
     log(work, f"codes written in {time.monotonic() - started:.0f} s")
+    shutil.copyfile(work / "codes.npz", work / "codes_live.npz")
+    if args.codes_only:
+        (work / "DONE").write_text(json.dumps({"codes": rows}) + "\n")
+        log(work, "finished: codec and codes (codes-only)")
+        return
     seconds = max(60.0, deadline - time.time() - FINISH_MARGIN_S)
     dual_ar = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(work / "codes.npz"),
                "--out", str(work / "dual_ar"), "--train-seconds", f"{seconds:.0f}", "--total-seconds", f"{seconds:.0f}",
@@ -192,7 +258,6 @@ def orchestrate(args: argparse.Namespace) -> None:
     # encoded (reusing the codes already made) and handed to the DualAR trainer, which re-reads the pack per epoch
     teacher = start_teacher(max(1, args.teacher_workers - 2))
     live = work / "codes_live.npz"
-    shutil.copyfile(work / "codes.npz", live)
     try:
         while time.time() < deadline - FINISH_MARGIN_S - args.refresh_s and procs["dual_ar"].poll() is None:
             time.sleep(args.refresh_s)
@@ -214,6 +279,10 @@ def orchestrate(args: argparse.Namespace) -> None:
     rcs = {name: (work / f"{name}.rc").read_text().strip() if (work / f"{name}.rc").exists() else "?" for name in procs}
     log(work, f"finished: {rcs} (wrappers {status})")
     (work / "DONE").write_text(json.dumps(rcs) + "\n")
+
+
+def _train_seconds(manifest: Path) -> float:
+    return sum(float(json.loads(line)["duration_s"]) for line in manifest.read_text().splitlines() if line.strip())
 
 
 def _audio_prefix(manifest: Path, out: Path, seconds: float) -> int:
@@ -305,6 +374,23 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--dual-ar-args", default="", help="extra dual_ar_train flags, one string (use --dual-ar-args=...)")
     r.add_argument("--gan-args", default="", help="extra codec_train train flags for the GAN phase, one string")
     r.add_argument("--encode-device", default="cuda")
+    r.add_argument(
+        "--codec-audio-s",
+        type=float,
+        default=0.0,
+        help="> 0: no start-codec; the codec trains on this much of the device's own teacher audio",
+    )
+    r.add_argument("--codec-seconds", type=float, default=0.0, help="the codec's training time in that mode")
+    r.add_argument("--codec-args", default="", help="extra codec_train train flags in that mode, one string")
+    r.add_argument("--codes-only", action="store_true", help="stop after the codes (hold A: codec and codes)")
+    d = sub.add_parser("start-dual-ar")
+    d.add_argument("--work", type=Path, required=True)
+    d.add_argument("--codes", type=Path, required=True, help="codes_live.npz of hold A")
+    d.add_argument("--codec", type=Path, required=True, help="the codec resume file that made those codes")
+    d.add_argument("--shards", nargs="+", required=True, help="audio shards for the decoder-only phase")
+    d.add_argument("--seconds", type=float, required=True)
+    d.add_argument("--dual-ar-args", default="")
+    d.add_argument("--gan-args", default="")
     o = sub.add_parser("orchestrate")
     o.add_argument("--work", type=Path, required=True)
     o.add_argument("--deadline", type=float, required=True)
@@ -315,6 +401,10 @@ def main(argv: list[str] | None = None) -> None:
     o.add_argument("--dual-ar-args", type=json.loads, required=True)
     o.add_argument("--gan-args", type=json.loads, required=True)
     o.add_argument("--encode-device", required=True)
+    o.add_argument("--codec-args", type=json.loads, required=True)
+    o.add_argument("--codec-audio-s", type=float, required=True)
+    o.add_argument("--codec-seconds", type=float, required=True)
+    o.add_argument("--codes-only", action="store_true")
     w = sub.add_parser("wait")
     w.add_argument("--work", type=Path, required=True)
     w.add_argument("--seconds", type=float, required=True)
@@ -327,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
         start_codec(args)
     elif args.command == "start-rest":
         start_rest(args)
+    elif args.command == "start-dual-ar":
+        start_dual_ar(args)
     elif args.command == "orchestrate":
         orchestrate(args)
     elif args.command == "wait":
