@@ -120,7 +120,7 @@ def merge_packs(first: CodesPack, second: CodesPack) -> CodesPack:
 
 def load_encoder(source: Path, device: torch.device | str = "cpu") -> FireflyCodec:
     """A codec with its encoder from a codec resume file (`codec_resume.safetensors`) or a checkpoint folder."""
-    if source.is_file() and source.suffix == ".safetensors" and source.name.startswith("codec_"):
+    if source.is_file():  # a resume file (any name: codec_resume…, gan_codec_resume…); folders are checkpoints
         return load_codec_from_resume(source, device=device)
     return load_codec(source, device=device, with_encoder=True)
 
