@@ -93,10 +93,14 @@ DUAL_AR_CANDIDATES: dict[str, dict[str, Any]] = {
     "ar-192x6": dual_ar_dict(192, 6, 512, fast_dim=192, n_fast_layer=1, fast_intermediate_size=512),
     "ar-192x4-f2": dual_ar_dict(192, 4, 512, fast_dim=192, n_fast_layer=2, fast_intermediate_size=512),
     "ar-256x4": dual_ar_dict(256, 4, 768, fast_dim=256, n_fast_layer=1, fast_intermediate_size=768, head_dim=64),
+    # 8 codebooks, as upstream: pairs with codec-c128-g8 (twice the bits per frame, one fast step more per codebook)
+    "ar-192x4-c8": dual_ar_dict(192, 4, 512, fast_dim=192, n_fast_layer=1, fast_intermediate_size=512, num_codebooks=8),
 }
 CODEC_CANDIDATES: dict[str, dict[str, Any]] = {
     "codec-c96": codec_dict(96, feature_dim=128),
     "codec-c128": codec_dict(128, feature_dim=128),
+    # 8 FSQ groups (upstream's count): 80 bits a frame instead of 40, same decoder
+    "codec-c128-g8": codec_dict(128, feature_dim=128, n_groups=8),
     "codec-c192": codec_dict(192, feature_dim=160, backbone_dims=(64, 128, 160)),
     "codec-c256-k37": codec_dict(
         256, feature_dim=192, backbone_dims=(64, 128, 192), resblock_kernel_sizes=(3, 7),
@@ -271,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--codec", nargs="*", default=list(CODEC_CANDIDATES))
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table keeps each minimum")
     parser.add_argument("--no-engine", action="store_true", help="skip the end-to-end engine runs")
+    parser.add_argument("--pairs", nargs="*", help="engine pairs as DUALAR+CODEC (default: the measured table's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
@@ -286,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             codec[name] = (
                 k if name not in codec or k.segment_ms_per_frame < codec[name].segment_ms_per_frame else codec[name]
             )
-        for pair in () if args.no_engine else ENGINE_PAIRS:
+        pairs = [tuple(p.split("+", 1)) for p in args.pairs] if args.pairs else list(ENGINE_PAIRS)
+        for pair in () if args.no_engine else pairs:
             with tempfile.TemporaryDirectory() as tmp:
                 e = measure_engine(DUAL_AR_CANDIDATES[pair[0]], CODEC_CANDIDATES[pair[1]], Path(tmp) / "probe")
             engine[pair] = e if pair not in engine or e.cpu_rtf < engine[pair].cpu_rtf else engine[pair]

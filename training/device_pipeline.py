@@ -100,14 +100,15 @@ def start_rest(args: argparse.Namespace) -> None:
     shutil.copyfile(args.corpus, corpus)
     if not (work / "t0").exists():  # codec-on-device-audio mode: no start-codec before
         (work / "t0").write_text(f"{time.time()}\n")
+    deadline = float((work / "t0").read_text()) + args.total_seconds
     cmd = [sys.executable, "-m", "training.device_pipeline", "orchestrate", "--work", str(work),
-           "--deadline", str(float((work / "t0").read_text()) + args.total_seconds),
-           "--teacher-workers", str(args.teacher_workers), "--piper-python", args.piper_python,
-           "--teacher-shard-items", str(args.teacher_shard_items), "--refresh-s", str(args.refresh_s),
-           f"--dual-ar-args={json.dumps(shlex.split(args.dual_ar_args))}",
+           "--deadline", str(deadline), "--teacher-workers", str(args.teacher_workers),
+           "--piper-python", args.piper_python, "--teacher-shard-items", str(args.teacher_shard_items),
+           "--refresh-s", str(args.refresh_s), f"--dual-ar-args={json.dumps(shlex.split(args.dual_ar_args))}",
            f"--gan-args={json.dumps(shlex.split(args.gan_args))}", f"--encode-device={args.encode_device}",
            f"--codec-args={json.dumps(shlex.split(args.codec_args))}", "--codec-audio-s", str(args.codec_audio_s),
-           "--codec-seconds", str(args.codec_seconds)] + (["--codes-only"] if args.codes_only else [])  # fmt: skip
+           "--codec-seconds", str(args.codec_seconds), "--codec-variants", *args.codec_variants]  # fmt: skip
+    cmd += ["--codes-only"] if args.codes_only else []
     daemon(cmd, cwd=src, log_path=work / "orchestrator.log")
     log(work, "orchestrator started")
 
@@ -190,12 +191,15 @@ def orchestrate(args: argparse.Namespace) -> None:
                 (work / "FAILED").write_text("codec pack\n")
                 return
             (work / "codec_shards.json").write_text(json.dumps(packed))
-            (work / "codec").mkdir(exist_ok=True)
-            cmd = [sys.executable, "-m", "training.codec_train", "train", "--shards", *packed, "--out",
-                   str(work / "codec"), "--train-seconds", f"{args.codec_seconds:.0f}", "--total-seconds",
-                   f"{args.codec_seconds:.0f}", *args.codec_args]  # fmt: skip
-            daemon(cmd, cwd=src, log_path=work / "codec.log", rc_path=work / "codec.rc")
-            log(work, f"codec started on {len(packed)} packed shards of the device's audio for {args.codec_seconds} s")
+            for i, variant in enumerate(args.codec_variants):  # several sizes side by side: the GPU has room
+                name = "codec" if i == 0 else f"codec_{variant}"
+                (work / name).mkdir(exist_ok=True)
+                cmd = [sys.executable, "-m", "training.codec_train", "train", "--shards", *packed, "--out",
+                       str(work / name), "--config", variant, "--train-seconds", f"{args.codec_seconds:.0f}",
+                       "--total-seconds", f"{args.codec_seconds:.0f}", *args.codec_args]  # fmt: skip
+                daemon(cmd, cwd=src, log_path=work / f"{name}.log", rc_path=work / f"{name}.rc")
+            log(work, f"codec {args.codec_variants} started on {len(packed)} packed shards of the device's audio "
+                      f"for {args.codec_seconds} s")  # fmt: skip
         while not (work / "codec.rc").exists():
             if teacher.poll() is not None and teacher.returncode != 0:
                 log(work, f"teacher exited with {teacher.returncode} (see teacher.log); waiting for the codec")
@@ -226,6 +230,17 @@ def orchestrate(args: argparse.Namespace) -> None:
         return
     log(work, f"codes written in {time.monotonic() - started:.0f} s")
     shutil.copyfile(work / "codes.npz", work / "codes_live.npz")
+    for variant in args.codec_variants[1:]:  # the other sizes' codes, for choosing by codec_wer afterwards
+        while not (work / f"codec_{variant}.rc").exists():
+            time.sleep(POLL_S)
+        other = work / f"codec_{variant}" / "codec_resume.safetensors"
+        rc = subprocess.call(
+            [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(other),
+             "--out", str(work / f"codes_{variant}.npz"), "--device", args.encode_device, "--batch-s", "900",
+             "--load-workers", "12"],
+            cwd=src, stdout=(work / "encode.log").open("ab"), stderr=subprocess.STDOUT,
+        ) if other.exists() else -1  # fmt: skip
+        log(work, f"codes of {variant}: rc {rc}")
     if args.codes_only:
         (work / "DONE").write_text(json.dumps({"codes": rows}) + "\n")
         log(work, "finished: codec and codes (codes-only)")
@@ -319,13 +334,16 @@ def collect(work: Path, out: Path) -> None:
     """Checkpoints as files of their own, everything small in one `small.tar.gz`: at most 8 files come back."""
     out.mkdir(parents=True, exist_ok=True)
     small: list[str] = []
-    for rel in RETURNED:
+    extra = sorted(str(p.relative_to(work)) for p in work.glob("codec_*/codec_*") if p.is_file())
+    extra += sorted(p.name for p in work.glob("codes_*.npz") if p.name not in ("codes_live.npz", "codes_next.npz"))
+    extra += sorted(p.name for p in work.glob("codec_*.log"))
+    for rel in RETURNED + extra:
         path = work / rel
         if not path.is_file():
             continue
         if path.stat().st_size > MAX_RETURN_BYTES:
             print(f"not returned (over 16 MiB): {rel}", flush=True)
-        elif rel in BIG_RETURNED:
+        elif rel in BIG_RETURNED or rel.endswith((".npz", "codec_resume.safetensors")):
             shutil.copyfile(path, out / rel.replace("/", "__"))
         else:
             small.append(rel)
@@ -383,6 +401,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--codec-seconds", type=float, default=0.0, help="the codec's training time in that mode")
     r.add_argument("--codec-args", default="", help="extra codec_train train flags in that mode, one string")
     r.add_argument("--codes-only", action="store_true", help="stop after the codes (hold A: codec and codes)")
+    r.add_argument(
+        "--codec-variants",
+        nargs="+",
+        default=["small"],
+        help="codec configs trained side by side in that mode; the first one's codes feed the DualAR",
+    )
     d = sub.add_parser("start-dual-ar")
     d.add_argument("--work", type=Path, required=True)
     d.add_argument("--codes", type=Path, required=True, help="codes_live.npz of hold A")
@@ -405,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
     o.add_argument("--codec-audio-s", type=float, required=True)
     o.add_argument("--codec-seconds", type=float, required=True)
     o.add_argument("--codes-only", action="store_true")
+    o.add_argument("--codec-variants", nargs="+", required=True)
     w = sub.add_parser("wait")
     w.add_argument("--work", type=Path, required=True)
     w.add_argument("--seconds", type=float, required=True)

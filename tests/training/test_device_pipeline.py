@@ -17,20 +17,26 @@ from training.teacher import PIPER_LAUNCHER, TeacherConfig, piper_command
 
 def test_collect_returns_checkpoints_and_one_archive(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
-    for rel in ("codec/codec_resume.safetensors", "dual_ar/dual_ar_best.safetensors", "codes_live.npz"):
+    for rel in ("codec/codec_resume.safetensors", "dual_ar/dual_ar_best.safetensors", "codes_live.npz",
+                "codec_codec-c128-g8/codec_resume.safetensors", "codes_codec-c128-g8.npz"):  # fmt: skip
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_bytes(b"x" * 10)
-    for rel in ("pipeline.log", "dual_ar/dual_ar_log.jsonl", "teacher/manifest.jsonl", "DONE"):
+    for rel in ("pipeline.log", "dual_ar/dual_ar_log.jsonl", "teacher/manifest.jsonl", "DONE",
+                "codec_codec-c128-g8/codec_log.jsonl", "codec_codec-c128-g8.log"):  # fmt: skip
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(rel)
     (work / "dual_ar" / "dual_ar_resume.safetensors").write_bytes(b"\0" * (MAX_RETURN_BYTES + 1))
     collect(work, out)
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["codec__codec_resume.safetensors", "codes_live.npz", "dual_ar__dual_ar_best.safetensors",
+    assert names == ["codec__codec_resume.safetensors", "codec_codec-c128-g8__codec_resume.safetensors",
+                     "codes_codec-c128-g8.npz", "codes_live.npz", "dual_ar__dual_ar_best.safetensors",
                      "small.tar.gz"]  # fmt: skip
     assert len(BIG_RETURNED) + 1 <= 8  # a device call returns at most 8 files
     with tarfile.open(out / "small.tar.gz") as tar:
-        assert sorted(tar.getnames()) == ["DONE", "dual_ar/dual_ar_log.jsonl", "pipeline.log", "teacher/manifest.jsonl"]
+        assert sorted(tar.getnames()) == [
+            "DONE", "codec_codec-c128-g8.log", "codec_codec-c128-g8/codec_log.jsonl", "dual_ar/dual_ar_log.jsonl",
+            "pipeline.log", "teacher/manifest.jsonl",
+        ]  # fmt: skip
 
 
 def test_gan_audio_prefix_takes_training_rows_up_to_the_budget(tmp_path: Path) -> None:
