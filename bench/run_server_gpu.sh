@@ -8,7 +8,7 @@ set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH  # py-spy's binary, if carried
 t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -42,9 +42,21 @@ timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256
 for level in ${LEVELS:-1 64 256 384 512}; do
   n=$(( level < 8 ? 8 : level ))
   stamp "level $level"
+  curl -s localhost:7860/metrics > "/tmp/metrics_before_$level.txt"
+  if [ "$level" = "${PROFILE_LEVEL:-256}" ] && command -v py-spy >/dev/null; then
+    # where the server's threads spend the level's steady state (py-spy samples running threads only)
+    (sleep "${PROFILE_AFTER_S:-25}"; py-spy record -p $SERVER -d "${PROFILE_S:-20}" -r 100 --threads --format raw \
+      -o "$OUT/spy_$level.txt" --nonblocking > /dev/null 2>&1) &
+  fi
   timeout 200 $TTFA --concurrency $level --requests $n --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
   cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_$level.json" 2>/dev/null
-  curl -s localhost:7860/metrics | grep -E '^fishgate_engine|^fishgate_gpu' | tr '\n' ' '; echo
+  curl -s localhost:7860/metrics > "/tmp/metrics_after_$level.txt"
+  python3 bench/turn_attribution.py "/tmp/metrics_before_$level.txt" "/tmp/metrics_after_$level.txt" --level "$level" \
+    | tee -a "$OUT/turns.txt"
+  if [ -f "$OUT/spy_$level.txt" ]; then
+    python3 bench/spy_summary.py "$OUT/spy_$level.txt" --seconds "${PROFILE_S:-20}" --rate 100 --top 10 \
+      | tee "$OUT/spy_${level}_summary.txt" | head -60
+  fi
 done
 stamp "done"
 kill -TERM $SERVER; wait $SERVER

@@ -1,0 +1,57 @@
+"""Summarise a py-spy raw profile (`py-spy record --threads --format raw`) per thread: where each one spends time.
+
+For each thread: samples (py-spy records only threads that are running, not blocked: a thread waiting for the GIL,
+a lock or I/O is not sampled), the share of the recording it was active, and its top functions by self samples and
+by inclusive samples. Answers "is the worker thread busy, and with what?" for the engine-turn attribution.
+
+    python bench/spy_summary.py spy.txt --seconds 20 --rate 200 [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+LINE = re.compile(r"^thread \((?P<tid>\w+)\)(?:: (?P<name>[^;]*))?;(?P<stack>.*) (?P<count>\d+)$")
+
+
+def summarize(path: Path, seconds: float, rate: float, top: int) -> str:
+    own: dict[str, Counter[str]] = defaultdict(Counter)
+    inclusive: dict[str, Counter[str]] = defaultdict(Counter)
+    totals: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        m = LINE.match(line.strip())
+        if not m:
+            continue
+        thread = m["name"] or m["tid"]
+        frames = [f.split(" (")[0] + (f" ({f.split(' (')[1]}" if " (" in f else "") for f in m["stack"].split(";")]
+        count = int(m["count"])
+        totals[thread] += count
+        own[thread][frames[-1]] += count
+        for f in set(frames):
+            inclusive[thread][f] += count
+    expected = seconds * rate
+    out = []
+    for thread, n in totals.most_common():
+        out.append(f"== {thread}: {n} samples, active {100 * n / expected:.0f} % of the recording")
+        out.append("   self:")
+        out += [f"     {c:6d} {100 * c / n:5.1f} %  {f}" for f, c in own[thread].most_common(top)]
+        out.append("   inclusive:")
+        out += [f"     {c:6d} {100 * c / n:5.1f} %  {f}" for f, c in inclusive[thread].most_common(top)]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", type=Path)
+    parser.add_argument("--seconds", type=float, required=True, help="the recording's duration")
+    parser.add_argument("--rate", type=float, default=100.0, help="py-spy's --rate")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    print(summarize(args.profile, args.seconds, args.rate, args.top))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Where the engine's turns went during one load level: /metrics before and after → per-turn milliseconds by phase.
+
+Reads two Prometheus text dumps of `fishgate serve` (the `fishgate_engine{what=...}` counters: turns, turn_seconds,
+prefill_seconds, step_seconds, vocode_seconds, steps, frames) and prints one table row: turns, ms per turn, the
+share of prefill, decode step, vocoder and the rest (scheduling and event posting), and frames per step.
+
+    python bench/turn_attribution.py before.txt after.txt --level 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+SAMPLE = re.compile(r'^fishgate_engine\{what="(?P<what>[a-z_]+)"\} (?P<value>[-+0-9.eE]+)$')
+
+
+def counters(path: Path) -> dict[str, float]:
+    out = {}
+    for line in path.read_text().splitlines():
+        m = SAMPLE.match(line.strip())
+        if m:
+            out[m["what"]] = float(m["value"])
+    return out
+
+
+def attribution(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    turns = max(d.get("turns", 0.0), 1.0)
+    turn_s = d.get("turn_seconds", 0.0)
+    parts = {k: d.get(f"{k}_seconds", 0.0) for k in ("prefill", "step", "vocode")}
+    rest = turn_s - sum(parts.values())
+    return {
+        "turns": d.get("turns", 0.0), "turn_ms": 1000 * turn_s / turns,
+        **{f"{k}_ms": 1000 * v / turns for k, v in parts.items()}, "rest_ms": 1000 * rest / turns,
+        "frames_per_step": d.get("frames", 0.0) / max(d.get("steps", 0.0), 1.0),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--level", default="?")
+    args = parser.parse_args()
+    a = attribution(counters(args.before), counters(args.after))
+    print(
+        f"level {args.level}: {a['turns']:.0f} turns, {a['turn_ms']:.1f} ms/turn = prefill {a['prefill_ms']:.1f} + "
+        f"step {a['step_ms']:.1f} + vocode {a['vocode_ms']:.1f} + rest {a['rest_ms']:.1f}; "
+        f"{a['frames_per_step']:.1f} frames/step"
+    )
+
+
+if __name__ == "__main__":
+    main()
