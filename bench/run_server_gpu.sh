@@ -27,7 +27,8 @@ for i in range(600):
 PY
 stamp "serve"
 python3 -m server.cli serve --checkpoint /tmp/ckpt --references-dir /tmp/refs --device cuda \
-  --max-sessions "${MAX_SESSIONS:-512}" --max-seq-len "${MAX_SEQ_LEN:-4096}" --rate-limit-per-min 1000000 --log-level warning > "$OUT/server.log" 2>&1 &
+  --max-sessions "${MAX_SESSIONS:-512}" --max-seq-len "${MAX_SEQ_LEN:-4096}" --rate-limit-per-min 1000000 \
+  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} --log-level warning > "$OUT/server.log" 2>&1 &
 SERVER=$!
 for i in $(seq 1 300); do
   curl -sf localhost:7860/readyz >/dev/null && break

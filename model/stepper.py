@@ -246,11 +246,25 @@ class DecodeStepper:
         self._graphs[(bucket, attn_len)] = graph
         return graph
 
-    def capture_all(self) -> int:
-        """Capture every (batch, length) bucket up front (cold start); returns how many graphs exist."""
+    def capture_all(self, max_batch: int | None = None) -> int:
+        """Capture every (batch, length) bucket up front (cold start), or only those of batch ≤ `max_batch` (the
+        rest can follow in idle time through `capture_next`, or on first use); returns how many graphs exist."""
         if self.use_cuda_graphs:
-            for b in self.batch_buckets:
-                for n in self.length_buckets:
-                    if (b, n) not in self._graphs:
-                        self.capture(b, n)
+            for b, n in self.missing_graphs():
+                if max_batch is None or b <= max_batch:
+                    self.capture(b, n)
         return len(self._graphs)
+
+    def missing_graphs(self) -> list[tuple[int, int]]:
+        """(batch, length) buckets not captured yet, small batches first (empty without CUDA graphs)."""
+        if not self.use_cuda_graphs:
+            return []
+        grid = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
+        return [key for key in grid if key not in self._graphs]
+
+    def capture_next(self) -> bool:
+        """Capture one missing bucket (for idle time); False when none is missing."""
+        missing = self.missing_graphs()
+        if missing:
+            self.capture(*missing[0])
+        return bool(missing)

@@ -54,6 +54,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 device=settings.device,
                 max_sessions=settings.max_sessions,
                 max_seq_len=settings.max_seq_len,
+                graphs_up_front=settings.graphs_up_front,
                 batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
             )
         )

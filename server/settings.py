@@ -32,6 +32,11 @@ class Settings:
     max_seq_len: int | None = field(
         default=None, metadata={"help": "lower the model's context (positions) to save KV memory per session"}
     )
+    graphs_up_front: int | None = field(
+        default=None,
+        metadata={"help": "GPU: capture decode graphs only up to this batch bucket before reporting ready (faster cold "
+                  "start); the rest are captured while the engine is idle, or on first use (default: all)"},
+    )  # fmt: skip
     api_key: tuple[str, ...] = field(
         default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}
     )
@@ -102,6 +107,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-sessions must be at least 1")
     if settings.batch_invariant not in ("auto", "on", "off"):
         raise SystemExit("fishgate: --batch-invariant must be auto, on or off")
+    if settings.graphs_up_front is not None and settings.graphs_up_front < 1:
+        raise SystemExit("fishgate: --graphs-up-front must be at least 1 (leave it out to capture every graph)")
     return settings
 
 

@@ -61,6 +61,9 @@ class BackendConfig:
     max_seq_len: int | None = None  # lower the context to save memory (default: the model's)
     batch_invariant: bool | None = None  # None = on for CPU (bitwise reproducible under load), off on GPU
     cuda_graphs: bool = True
+    # decode graphs captured before the engine reports ready: all (None), or only batch buckets ≤ this; the rest
+    # are captured by the worker when it is idle (one ~0.25 s graph at a time), or on first use
+    graphs_up_front: int | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
     cpu_threads: int | None = 1
@@ -237,9 +240,13 @@ class Backend:
     # ---- start-up ----------------------------------------------------------------------------------------------------
     def capture_graphs(self) -> int:
         t0 = time.perf_counter()
-        n = self.stepper.capture_all()
+        n = self.stepper.capture_all(self.config.graphs_up_front)
         self.timings_s["capture_graphs"] = time.perf_counter() - t0
         return n
+
+    def capture_idle_graph(self) -> bool:
+        """Capture one decode graph still missing (the worker calls this when it has nothing else to do)."""
+        return self.stepper.capture_next()
 
     def gpu_memory_bytes(self) -> int:
         """Bytes the caching allocator holds on the engine's GPU (0 on CPU); safe to read from any thread."""

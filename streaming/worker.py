@@ -466,6 +466,8 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
     """The worker thread's body after start-up: apply commands, take turns, until `stop()`."""
     while not stop():
         block = not worker.has_work()
+        if block and worker.commands.empty() and worker.b.capture_idle_graph():
+            continue  # idle: one more decode graph instead of a nap (cold start captured only the small ones)
         try:
             wait_s = worker.limits.idle_wait_s
             cmd = worker.commands.get(timeout=wait_s) if block else worker.commands.get_nowait()

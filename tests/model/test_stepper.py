@@ -122,3 +122,10 @@ def test_a_step_records_no_autograd_history() -> None:
     stepper.step(1, 9)
     for t in (stepper.cache.k, stepper.cache.v, stepper.frame, stepper.out):
         assert t.grad_fn is None and not t.requires_grad
+
+
+def test_graph_bookkeeping_without_cuda_is_empty() -> None:
+    """On CPU there are no graphs: nothing is missing, idle capture has nothing to do, capture_all reports 0."""
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(model, n_rows=4, max_seq_len=64, use_cuda_graphs=True)  # ignored off CUDA
+    assert stepper.missing_graphs() == [] and stepper.capture_next() is False and stepper.capture_all(1) == 0

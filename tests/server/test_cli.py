@@ -115,3 +115,15 @@ def _wait_ready(base: str, proc: subprocess.Popen) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError("server did not become ready")
+
+
+def test_settings_reject_bad_graph_and_session_counts() -> None:
+    from server.settings import parse_settings
+
+    assert parse_settings([]).graphs_up_front is None  # default: every decode graph before ready
+    assert parse_settings(["--graphs-up-front", "8"]).graphs_up_front == 8
+    assert parse_settings([], {"FISHGATE_GRAPHS_UP_FRONT": "4"}).graphs_up_front == 4
+    with pytest.raises(SystemExit, match="--graphs-up-front must be at least 1"):
+        parse_settings(["--graphs-up-front", "0"])
+    with pytest.raises(SystemExit, match="--max-sessions must be at least 1"):
+        parse_settings(["--max-sessions", "0"])

@@ -79,3 +79,41 @@ def test_batch_invariant_mode_on_gpu_solo_vs_loaded() -> None:
     solo, busy = asyncio.run(run(0)), asyncio.run(run(5))
     assert np.array_equal(solo.codes, busy.codes)
     assert np.array_equal(solo.pcm, busy.pcm)
+
+
+def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
+    """graphs_up_front=1: ready with the batch-1 graphs only (faster cold start); the idle worker captures the
+    rest one at a time (the same capture code as up front); a seeded solo stream decodes exactly as on an engine
+    that captured everything before reporting ready, and a loaded run afterwards completes."""
+    import time
+
+    from streaming.backend import BackendConfig
+    from streaming.engine import Engine, EngineConfig
+
+    async def run(up_front: int | None):
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=up_front)))
+        engine.start()
+        try:
+            assert engine.wait_ready(300), engine.fault
+            stepper = engine._worker.b.stepper
+            at_ready = len(stepper._graphs)
+            deadline = time.monotonic() + 120
+            while stepper.missing_graphs() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not stepper.missing_graphs()
+            solo = await speak(engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=60)), *TEXTS)
+            others = [engine.open_session(Voice(), SynthesisSettings(seed=50 + i)) for i in range(5)]
+            for o in others:
+                o.speak("Another stream running at the same time, long enough to overlap.")
+                o.end_utterance()
+            loaded = await asyncio.gather(*(collect(o) for o in others))
+            assert all(u.done is not None and not u.errors for u in loaded)
+            return at_ready, len(stepper._graphs), engine.timings_s.get("capture_graphs", 0.0), solo
+        finally:
+            engine.stop()
+
+    lazy_ready, lazy_total, lazy_s, lazy = asyncio.run(run(1))
+    full_ready, full_total, full_s, full = asyncio.run(run(None))
+    print(f"decode graphs at ready: {lazy_ready} in {lazy_s:.2f} s (batch 1 only) vs {full_ready} in {full_s:.2f} s")
+    assert lazy_ready < full_ready == full_total == lazy_total
+    assert np.array_equal(lazy.codes, full.codes)
