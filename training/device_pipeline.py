@@ -180,6 +180,10 @@ def orchestrate(args: argparse.Namespace) -> None:
                     _train_seconds(teacher_dir / "codec_manifest.jsonl") >= args.codec_audio_s
                 ):
                     break
+                if teacher.poll() is not None:  # finished or crashed before there was enough audio
+                    log(work, f"teacher exited with {teacher.returncode} before {args.codec_audio_s:.0f} s of audio")
+                    (work / "FAILED").write_text("teacher\n")
+                    return
             rc = subprocess.call(
                 [sys.executable, "-m", "training.codec_train", "pack", "--manifest",
                  str(teacher_dir / "codec_manifest.jsonl"), "--out", str(work / "codec_shards"), "--max-mib", "400"],
