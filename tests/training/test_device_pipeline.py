@@ -1,18 +1,27 @@
 """The one-hold device pipeline's pieces that run anywhere: what comes back, the GAN audio prefix, Piper's launcher.
 
-The whole pipeline (codec → Piper → codes → DualAR ∥ decoder phase, as daemons) was run end to end on this CPU with
-the tiny configs and on the H200 (training/TRAINING.md, run 1); CI has no Piper, so these tests cover the parts that
-decide what a device call returns.
+The whole pipeline (codec → Piper → codes → DualAR ∥ decoder phase, as daemons) was run end to end with real Piper on
+this CPU and on the H200 (training/TRAINING.md, run 1); CI has no Piper, so the end-to-end test here runs the real
+daemons with a stand-in for Piper's process.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 from training.device_pipeline import BIG_RETURNED, MAX_RETURN_BYTES, _audio_prefix, collect
+from training.dual_ar_data import CodesPack
 from training.teacher import PIPER_LAUNCHER, TeacherConfig, piper_command
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_PIPER = Path(__file__).with_name("fake_piper.py")
 
 
 def test_collect_returns_checkpoints_and_one_archive(tmp_path: Path) -> None:
@@ -56,3 +65,79 @@ def test_piper_launcher_caps_threads_only_when_asked(tmp_path: Path) -> None:
     assert capped[:3] == ["py", str(PIPER_LAUNCHER), "1"] and capped[3:] == plain[3:]
     source = PIPER_LAUNCHER.read_text()
     assert "import training" not in source and "from training" not in source and "import model" not in source
+
+
+def _wait_for(work: Path, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name in ("DONE", "FAILED"):
+            if (work / name).exists():
+                return name
+        time.sleep(0.5)
+    return "timeout"
+
+
+def _run(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "training.device_pipeline", *args], cwd=REPO, check=True, timeout=60)
+
+
+def test_hold_a_then_hold_b_run_end_to_end_with_a_stand_in_piper(tmp_path: Path) -> None:
+    """The daemons as a device call starts them, on this CPU: hold A (teacher → packed audio → codec → codes of every
+    utterance) then hold B (DualAR on those codes beside the decoder-only phase), then what `wait` returns. A stand-in
+    replaces Piper (tests/training/fake_piper.py); everything else is the real pipeline with the tiny configs."""
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "stars",
+        "shine",
+        "above",
+        "quiet",
+        "hills",
+    ]
+    rows = []
+    for i in range(24):
+        text = " ".join(words[(i + k) % len(words)] for k in range(4 + i % 5)).capitalize() + "."
+        rows.append({"id": f"u{i:02d}", "source": "test", "text": text, "norm": text, "n_words": len(text.split()),
+                     "split": "test" if i < 3 else "train"})  # fmt: skip
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hold_a, hold_b = tmp_path / "a", tmp_path / "b"
+    try:
+        _run("start-rest", "--work", str(hold_a), "--corpus", str(corpus), "--total-seconds", "300",
+             "--teacher-workers", "2", "--teacher-shard-items", "4", "--piper-python", str(FAKE_PIPER),
+             "--encode-device", "cpu", "--codec-audio-s", "10", "--codec-seconds", "6", "--codes-only",
+             "--codec-variants", "tiny", "--codec-args=--device cpu --batch-size 2 --segment-frames 4")  # fmt: skip
+        assert _wait_for(hold_a, 240) == "DONE", (hold_a / "pipeline.log").read_text()
+        pack = CodesPack.load(hold_a / "codes_live.npz")
+        assert pack.indices("test") and len(pack.indices("train")) >= 4 and all(c.shape[0] == 4 for c in pack.codes)
+        _run("start-dual-ar", "--work", str(hold_b), "--codes", str(hold_a / "codes_live.npz"), "--codec",
+             str(hold_a / "codec" / "codec_resume.safetensors"), "--shards",
+             str(hold_a / "codec_shards" / "shard_000.npz"), "--seconds", "5",
+             "--dual-ar-args=--config tiny --device cpu --max-tokens 1024",
+             "--gan-args=--device cpu --batch-size 2 --segment-frames 4")  # fmt: skip
+        assert _wait_for(hold_b, 240) == "DONE"
+        assert (hold_b / "dual_ar.rc").read_text().strip() == "0" and (hold_b / "gan.rc").read_text().strip() == "0"
+        _run("collect", "--work", str(hold_b), "--out", str(tmp_path / "out"))
+        back = sorted(p.name for p in (tmp_path / "out").iterdir())
+        assert {"dual_ar__dual_ar_resume.safetensors", "gan__codec_resume.safetensors", "small.tar.gz"} <= set(back)
+        assert len(back) <= 8
+    finally:  # the daemons outlive their starter by design: end them with the test
+        _kill_processes_mentioning(str(tmp_path))
+
+
+def _kill_processes_mentioning(text: str) -> None:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone already, or not ours
