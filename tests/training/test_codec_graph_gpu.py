@@ -31,13 +31,18 @@ def _train(graph: bool) -> tuple[dict[str, torch.Tensor], list[float], float]:
         codec=CODEC_SMALL, batch_size=8, warmup_steps=5, total_steps=100, total_seconds=0.0, cuda_graph=graph,
         gain_db_range=(0.0, 0.0), holdout_fraction=0.0,
     )  # fmt: skip
-    torch.backends.cudnn.deterministic = True
     audio = InMemoryAudio(chirp(8.0))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    result = train_codec(cfg, audio, device="cuda", max_steps=STEPS, log_every=1, eval_every=10**9)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    audio.audio = audio.audio.cuda()  # as AudioShard keeps it: crops are cut on the training device
+    deterministic = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = train_codec(cfg, audio, device="cuda", max_steps=STEPS, log_every=1, eval_every=10**9)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+    finally:
+        torch.backends.cudnn.deterministic = deterministic
     state = {k: v.detach().float().cpu() for k, v in result.model.state_dict().items()}
     return state, [h["mel"] for h in result.history if "mel" in h], seconds
 
