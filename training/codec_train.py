@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 import time
-import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +26,11 @@ import torch
 from model.codec_config import CodecConfig
 
 from .audio_pack import DEFAULT_PACK_RATE_HZ, DEFAULT_SHARD_BYTES, AudioShard, pack_shards, read_manifest
-from .checkpoints import load_resume, save_resume
+from .checkpoints import load_resume, save_resume, write_wav
 from .codec_losses import Discriminators, ReconstructionLoss, discriminator_loss, generator_adversarial_loss
 from .codec_model import TrainableCodec
 from .configs import CODEC_CANDIDATES, named_config
+from .run_log import jsonl_log
 
 RESUME_NAME = "codec_resume.safetensors"
 LOG_NAME = "codec_log.jsonl"
@@ -324,7 +324,7 @@ def _jsonable(cfg: CodecTrainConfig) -> dict[str, Any]:
 
 @torch.no_grad()
 def write_sample(model: TrainableCodec, stream: torch.Tensor, path: Path) -> None:
-    """16-bit WAV: SAMPLE_S of held-out audio, 0.5 s of silence, then its reconstruction (stdlib `wave` only)."""
+    """16-bit WAV: SAMPLE_S of held-out audio, 0.5 s of silence, then its reconstruction."""
     rate = model.config.sample_rate
     spf = model.config.samples_per_frame
     n = min(int(SAMPLE_S * rate), stream.shape[0]) // spf * spf
@@ -333,13 +333,7 @@ def write_sample(model: TrainableCodec, stream: torch.Tensor, path: Path) -> Non
     model.eval()
     real = stream[:n].unsqueeze(0)
     fake = model(real).audio[0, :n].float()
-    pcm = torch.cat([real[0].float(), torch.zeros(rate // 2, device=real.device), fake]).clamp(-1, 1)
-    data = (pcm.cpu().numpy() * 32767).astype("<i2").tobytes()
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(data)
+    write_wav(path, torch.cat([real[0].float(), torch.zeros(rate // 2, device=real.device), fake]), rate)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -390,17 +384,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     audio = AudioShard(args.shards, CodecConfig.from_dict(cfg.codec).sample_rate, device)
-    log_file = open(args.out / LOG_NAME, "a")  # noqa: SIM115 - closed below, written from the callback
-
-    def on_log(entry: dict[str, float]) -> None:
-        line = json.dumps(entry)
-        log_file.write(line + "\n")
-        log_file.flush()
-        print(line, flush=True)
-
     resumed = args.resume if args.resume is not None and args.resume.is_file() else None
     print(json.dumps({"audio_s": audio.duration_s, "device": str(device), "resume": str(resumed)}), flush=True)
-    try:
+    with jsonl_log(args.out / LOG_NAME) as on_log:
         result = train_codec(
             cfg, audio, device=device, max_steps=args.max_steps, max_seconds=args.train_seconds,
             resume=resumed, out=args.out,
@@ -408,8 +394,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         )  # fmt: skip
         _, held_out = audio.split(cfg.holdout_fraction)
         write_sample(result.model, held_out, args.out / SAMPLE_NAME)
-    finally:
-        log_file.close()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from .dual_ar_data import (
     collate,
     make_batches,
 )
+from .run_log import jsonl_log
 
 RESUME_NAME = "dual_ar_resume.safetensors"
 BEST_NAME = "dual_ar_best.safetensors"
@@ -191,7 +192,7 @@ def train_dual_ar(
     train_idx, val_idx = pack.train_val_indices(cfg.val_fraction)
     rng = random.Random(cfg.seed * 7919 + step)
     val_examples = build_examples(factory, val_idx, config.max_seq_len, ContextMix(0.0, 0.0), seed=0)
-    val_idx_ids = [pack.ids[i] for i in val_idx]
+    val_ids = {pack.ids[i] for i in val_idx}  # held out of every refreshed pack too
     if not build_examples(factory, train_idx, config.max_seq_len, ContextMix(0.0, 0.0), seed=0):
         raise ValueError(
             f"no training example fits max_seq_len={config.max_seq_len}: the pack has {len(train_idx)} 'train' "
@@ -228,8 +229,7 @@ def train_dual_ar(
             refreshed_at = refresh.stat().st_mtime
             pack = CodesPack.load(refresh)
             factory = ExampleFactory(pack, SequenceBuilder(tokenizer, config.num_codebooks))
-            held = set(val_idx_ids)
-            train_idx = [i for i in pack.train_val_indices(cfg.val_fraction)[0] if pack.ids[i] not in held]
+            train_idx = [i for i in pack.train_val_indices(cfg.val_fraction)[0] if pack.ids[i] not in val_ids]
             entry_r: dict[str, float] = {
                 "step": step,
                 "refreshed_utterances": len(pack.ids),
@@ -331,15 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     pack = CodesPack.load(args.codes)
     print(json.dumps({"utterances": len(pack.ids), "device": args.device, "resume": str(resume)}), flush=True)
-    log_file = open(args.out / LOG_NAME, "a")  # noqa: SIM115 - closed below, written from the callback
-
-    def on_log(entry: dict[str, Any]) -> None:
-        line = json.dumps(entry)
-        log_file.write(line + "\n")
-        log_file.flush()
-        print(line, flush=True)
-
-    try:
+    with jsonl_log(args.out / LOG_NAME) as on_log:
         result = train_dual_ar(
             cfg, pack, device=args.device, max_steps=args.max_steps, max_seconds=args.train_seconds, resume=resume,
             out=args.out, on_log=on_log, refresh=args.codes_refresh,
@@ -351,8 +343,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         arrays.update(texts=np.array(texts), ended=np.array([e for _, e in samples]))
         np.savez_compressed(args.out / SAMPLES_NAME, **arrays)
         on_log({"samples_frames": [int(c.shape[1]) for c, _ in samples], "samples_ended": [e for _, e in samples]})
-    finally:
-        log_file.close()
 
 
 if __name__ == "__main__":
