@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -236,20 +237,23 @@ def speak_once(folder: Path, text: str) -> SpokenCheck:
 
 
 def write_wav(path: Path, audio: torch.Tensor, rate_hz: int) -> None:
+    """Float audio in [-1, 1] (clamped) → mono 16-bit WAV."""
+    write_pcm16(path, (audio.detach().float().clamp(-1, 1).cpu().numpy() * 32767).astype("<i2"), rate_hz)
+
+
+def write_pcm16(path: Path, pcm: np.ndarray, rate_hz: int) -> None:
+    """int16 samples → mono 16-bit WAV (stdlib `wave`)."""
     import wave
 
-    pcm = (audio.detach().float().clamp(-1, 1).cpu().numpy() * 32767).astype("<i2")
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate_hz)
-        w.writeframes(pcm.tobytes())
+        w.writeframes(np.asarray(pcm, dtype="<i2").tobytes())
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
-
-    import numpy as np
 
     parser = argparse.ArgumentParser(description="export a trained DualAR + codec; vocode sampled codes")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -14,13 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .audio_pack import load_audio
+from .checkpoints import write_wav
 from .encode_codes import load_encoder
 from .wer import WER_PASS, WER_TARGET, evaluate, load_whisper, read_manifest
-from .wer_gate import write_wav
 
 
 def resynthesize(codec_source: Path, manifest: Path, out: Path, limit: int | None) -> list[tuple[str, Path, str]]:
@@ -31,9 +30,9 @@ def resynthesize(codec_source: Path, manifest: Path, out: Path, limit: int | Non
     for clip_id, path, reference in read_manifest(manifest, split="test", limit=limit):
         audio = load_audio(path, rate)
         with torch.inference_mode():
-            pcm = codec.decode(codec.encode(torch.from_numpy(audio)[None]))[0].float().numpy().reshape(-1)
+            pcm = codec.decode(codec.encode(torch.from_numpy(audio)[None]))[0].reshape(-1)
         wav = out / f"{clip_id}.wav"
-        write_wav(wav, np.asarray(pcm, dtype=np.float32))
+        write_wav(wav, pcm, rate)
         clips.append((clip_id, wav, reference))
     return clips
 

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import sys
-import wave
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from .checkpoints import write_pcm16
 from .wer import WER_PASS, WER_TARGET, WerReport, evaluate, load_whisper
 
 HELDOUT = Path(__file__).with_name("data") / "heldout.jsonl"
@@ -56,7 +56,8 @@ def read_heldout(path: Path = HELDOUT, limit: int | None = None) -> list[HeldOut
 
 
 async def speak(url: str, text: str, *, seed: int = 0, api_key: str | None = None) -> np.ndarray:
-    """One utterance over /v1/tts/live → float32 mono PCM at 44.1 kHz; GateError on an error or close."""
+    """One utterance over /v1/tts/live → the int16 mono samples at 44.1 kHz as sent; GateError on an error or
+    close."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -78,15 +79,7 @@ async def speak(url: str, text: str, *, seed: int = 0, api_key: str | None = Non
                     if msg.get("reason") != "stop":
                         raise GateError(f"finish reason {msg.get('reason')!r}")
                     break
-    return np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768.0
-
-
-def write_wav(path: Path, audio: np.ndarray) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE_HZ)
-        w.writeframes((np.clip(audio, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
+    return np.frombuffer(bytes(pcm), dtype="<i2")
 
 
 def synthesize_all(url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None) -> list[Path]:
@@ -100,7 +93,7 @@ def synthesize_all(url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key
             if audio.size == 0:
                 raise GateError(f"{item.id}: the server sent no audio")
             path = out_dir / f"{item.id}.wav"
-            write_wav(path, audio)
+            write_pcm16(path, audio, SAMPLE_RATE_HZ)
             paths.append(path)
         return paths
 
