@@ -70,6 +70,19 @@ def log_mel_distance(fake: torch.Tensor, real: torch.Tensor, sample_rate: int) -
 
 
 # ---- discriminators ------------------------------------------------------------------------------------------------
+def _score_and_features(
+    convs: nn.ModuleList, post: nn.Module, x: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Leaky-ReLU conv stack then the scoring conv: (flattened score, every layer's output for feature matching)."""
+    feats = []
+    for conv in convs:
+        x = F.leaky_relu(conv(x), LRELU_SLOPE)
+        feats.append(x)
+    x = post(x)
+    feats.append(x)
+    return x.flatten(1), feats
+
+
 class PeriodDiscriminator(nn.Module):
     def __init__(self, period: int, channels: tuple[int, ...] = (16, 32, 64, 128)) -> None:
         super().__init__()
@@ -87,13 +100,7 @@ class PeriodDiscriminator(nn.Module):
         if n % self.period:
             x = F.pad(x, (0, self.period - n % self.period), mode="reflect")
         x = x.view(bsz, ch, -1, self.period)  # (B, 1, N/p, p)
-        feats = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            feats.append(x)
-        x = self.post(x)
-        feats.append(x)
-        return x.flatten(1), feats
+        return _score_and_features(self.convs, self.post, x)
 
 
 class ScaleDiscriminator(nn.Module):
@@ -106,13 +113,7 @@ class ScaleDiscriminator(nn.Module):
         self.post = weight_norm(nn.Conv1d(128, 1, 3, 1, padding=1))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:  # x (B, 1, N)
-        feats = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), LRELU_SLOPE)
-            feats.append(x)
-        x = self.post(x)
-        feats.append(x)
-        return x.flatten(1), feats
+        return _score_and_features(self.convs, self.post, x)
 
 
 class Discriminators(nn.Module):
