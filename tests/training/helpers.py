@@ -7,13 +7,12 @@ The memorised DualAR is trained once per test session and shared by the DualAR a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from functools import cache
 
 import numpy as np
-import pytest
 import torch
 
+from tests.model.codec_testing import one_thread  # noqa: F401 - re-exported: tiny kernels run faster on one thread
 from training.configs import DUAL_AR_TINY
 from training.dual_ar_data import CodesPack, ContextMix
 from training.dual_ar_train import DualARTrainConfig, DualARTrainResult, train_dual_ar
@@ -21,17 +20,6 @@ from training.dual_ar_train import DualARTrainConfig, DualARTrainResult, train_d
 SAMPLE_RATE_HZ = 44100
 TEXTS = ("Hello there.", "A quick test!")
 MEMORISE_STEPS = 120
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Tiny kernels on a 2-vCPU machine run many times faster on one thread (no OpenMP wake-ups)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def chirp(seconds: float, seed: int = 0, rate_hz: int = SAMPLE_RATE_HZ) -> np.ndarray:
