@@ -75,16 +75,22 @@ def copy_code(repo: Path, work: Path) -> Path:
     return src
 
 
+def _copy_shards(carried: list[str], work: Path) -> list[str]:
+    """The carried audio shards, copied under WORK (a later call may replace the carried files); their new paths."""
+    (work / "shards").mkdir(exist_ok=True)
+    shards = []
+    for s in carried:
+        shards.append(str(work / "shards" / Path(s).name))
+        shutil.copyfile(s, shards[-1])
+    return shards
+
+
 def start_codec(args: argparse.Namespace) -> None:
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     src = copy_code(Path.cwd(), work)
     (work / "t0").write_text(f"{time.time()}\n")
-    (work / "shards").mkdir(exist_ok=True)
-    shards = []
-    for s in args.shards:  # copied: a later call may replace the carried files
-        shards.append(str(work / "shards" / Path(s).name))
-        shutil.copyfile(s, shards[-1])
+    shards = _copy_shards(args.shards, work)
     cmd = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--out", str(work / "codec"),
            "--train-seconds", str(args.seconds), "--total-seconds", str(args.seconds)]  # fmt: skip
     (work / "codec").mkdir(exist_ok=True)
@@ -121,11 +127,7 @@ def start_dual_ar(args: argparse.Namespace) -> None:
     shutil.copyfile(args.codes, work / "codes_live.npz")
     (work / "codec").mkdir(exist_ok=True)
     shutil.copyfile(args.codec, work / "codec" / "codec_resume.safetensors")
-    (work / "shards").mkdir(exist_ok=True)
-    shards = []
-    for s in args.shards:
-        shards.append(str(work / "shards" / Path(s).name))
-        shutil.copyfile(s, shards[-1])
+    shards = _copy_shards(args.shards, work)
     seconds = f"{args.seconds:.0f}"
     dual_ar = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(work / "codes_live.npz"), "--out",
                str(work / "dual_ar"), "--train-seconds", seconds, "--total-seconds", seconds,
@@ -176,8 +178,8 @@ def orchestrate(args: argparse.Namespace) -> None:
             while True:
                 time.sleep(POLL_S)
                 manifest, _, _ = merge_manifests(teacher_dir)
-                if _audio_prefix(manifest, teacher_dir / "codec_manifest.jsonl", args.codec_audio_s) and (
-                    _train_seconds(teacher_dir / "codec_manifest.jsonl") >= args.codec_audio_s
+                if _audio_prefix(manifest, teacher_dir / "codec_manifest.jsonl", args.codec_audio_s)[1] >= (
+                    args.codec_audio_s
                 ):
                     break
                 if teacher.poll() is not None:  # finished or crashed before there was enough audio
@@ -223,11 +225,17 @@ def orchestrate(args: argparse.Namespace) -> None:
         (work / "FAILED").write_text("teacher\n")
         return
     started = time.monotonic()
-    rc = subprocess.call(
-        [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(codec_file),
-         "--out", str(work / "codes.npz"), "--device", args.encode_device, "--batch-s", "900", "--load-workers", "12"],
-        cwd=src, stdout=(work / "encode.log").open("ab"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+
+    def encode(codec: Path, out: Path, previous: Path | None = None, load_workers: int = 12) -> int:
+        """training.encode_codes on the GPU: every utterance of the current manifest (reusing `previous`' codes)."""
+        cmd = [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(codec),
+               "--out", str(out), "--device", args.encode_device, "--batch-s", "900",
+               "--load-workers", str(load_workers)]  # fmt: skip
+        cmd += ["--previous", str(previous)] if previous is not None else []
+        with (work / "encode.log").open("ab") as encode_log:
+            return subprocess.call(cmd, cwd=src, stdout=encode_log, stderr=subprocess.STDOUT)
+
+    rc = encode(codec_file, work / "codes.npz")
     if rc != 0:
         log(work, f"encoding failed (rc {rc}); see encode.log")
         (work / "FAILED").write_text("encode\n")
@@ -238,12 +246,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         while not (work / f"codec_{variant}.rc").exists():
             time.sleep(POLL_S)
         other = work / f"codec_{variant}" / "codec_resume.safetensors"
-        rc = subprocess.call(
-            [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(other),
-             "--out", str(work / f"codes_{variant}.npz"), "--device", args.encode_device, "--batch-s", "900",
-             "--load-workers", "12"],
-            cwd=src, stdout=(work / "encode.log").open("ab"), stderr=subprocess.STDOUT,
-        ) if other.exists() else -1  # fmt: skip
+        rc = encode(other, work / f"codes_{variant}.npz") if other.exists() else -1
         log(work, f"codes of {variant}: rc {rc}")
     if args.codes_only:
         (work / "DONE").write_text(json.dumps({"codes": rows}) + "\n")
@@ -258,7 +261,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     carried = json.loads((work / "codec_shards.json").read_text())
     shards = " ".join(_quote(s) for s in carried)
     pack = ""
-    if _audio_prefix(manifest, gan_manifest, GAN_EXTRA_AUDIO_S):  # the device's own audio too, packed first
+    if _audio_prefix(manifest, gan_manifest, GAN_EXTRA_AUDIO_S)[0]:  # the device's own audio too, packed first
         pack = (f"{_quote(sys.executable)} -m training.codec_train pack --manifest {_quote(str(gan_manifest))} "
                 f"--out {_quote(str(work / 'gan_shards'))} --max-mib 400 && ")  # fmt: skip
         shards += f" {_quote(str(work / 'gan_shards'))}/shard_*.npz"
@@ -281,12 +284,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         while time.time() < deadline - FINISH_MARGIN_S - args.refresh_s and procs["dual_ar"].poll() is None:
             time.sleep(args.refresh_s)
             manifest, rows, hours = merge_manifests(teacher_dir)
-            rc = subprocess.call(
-                [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec",
-                 str(codec_file), "--out", str(work / "codes_next.npz"), "--previous", str(live), "--device",
-                 args.encode_device, "--batch-s", "900", "--load-workers", "4"],
-                cwd=src, stdout=(work / "encode.log").open("ab"), stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            rc = encode(codec_file, work / "codes_next.npz", previous=live, load_workers=4)
             if rc != 0:
                 log(work, f"re-encoding failed (rc {rc}); the DualAR keeps its current pack")
                 break
@@ -300,13 +298,9 @@ def orchestrate(args: argparse.Namespace) -> None:
     (work / "DONE").write_text(json.dumps(rcs) + "\n")
 
 
-def _train_seconds(manifest: Path) -> float:
-    return sum(float(json.loads(line)["duration_s"]) for line in manifest.read_text().splitlines() if line.strip())
-
-
-def _audio_prefix(manifest: Path, out: Path, seconds: float) -> int:
+def _audio_prefix(manifest: Path, out: Path, seconds: float) -> tuple[int, float]:
     """The first `seconds` of training audio of a manifest (its rows are in a hash order: a representative mix);
-    returns the number of rows written."""
+    returns (rows written, their seconds): short of `seconds` only when the manifest has no more."""
     kept, total = [], 0.0
     for line in manifest.read_text().splitlines():
         row = json.loads(line)
@@ -315,7 +309,7 @@ def _audio_prefix(manifest: Path, out: Path, seconds: float) -> int:
         kept.append(line)
         total += float(row["duration_s"])
     out.write_text("".join(k + "\n" for k in kept))
-    return len(kept)
+    return len(kept), total
 
 
 # What comes back, relative to WORK (missing files are skipped).

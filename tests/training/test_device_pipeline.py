@@ -52,7 +52,8 @@ def test_gan_audio_prefix_takes_training_rows_up_to_the_budget(tmp_path: Path) -
     rows = [{"id": f"u{i}", "split": "test" if i == 0 else "train", "duration_s": 4.0} for i in range(10)]
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert _audio_prefix(manifest, tmp_path / "gan.jsonl", 10.0) == 3  # 4 + 4 + 4 s: the row crossing 10 s is kept
+    # 4 + 4 + 4 s: the row crossing 10 s is kept
+    assert _audio_prefix(manifest, tmp_path / "gan.jsonl", 10.0) == (3, 12.0)
     kept = [json.loads(line)["id"] for line in (tmp_path / "gan.jsonl").read_text().splitlines()]
     assert kept == ["u1", "u2", "u3"]
 
