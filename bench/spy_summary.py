@@ -26,7 +26,7 @@ def summarize(path: Path, seconds: float, rate: float, top: int) -> str:
         if not m:
             continue
         thread = m["name"] or m["tid"]
-        frames = [f.split(" (")[0] + (f" ({f.split(' (')[1]}" if " (" in f else "") for f in m["stack"].split(";")]
+        frames = m["stack"].split(";")  # "function (file:line)", outermost first
         count = int(m["count"])
         totals[thread] += count
         own[thread][frames[-1]] += count
