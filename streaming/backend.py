@@ -74,7 +74,6 @@ class ModelInfo:
     name: str
     untrained: bool  # a random-weight model: its output is noise
     max_frames_per_char: float | None  # cap on frames per input character (untrained models never stop alone)
-    text_normalizer: str | None  # what the model was trained on: None = raw text (official), "english" = normalised
     sample_rate_hz: int
     samples_per_frame: int
     num_codebooks: int
@@ -141,7 +140,6 @@ class Backend:
             name=str(meta.get("name") or folder.name),
             untrained=bool(meta.get("untrained", False)),
             max_frames_per_char=meta.get("max_frames_per_char"),
-            text_normalizer=meta.get("text_normalizer"),
             sample_rate_hz=self.codec.config.spec_transform.sample_rate,
             samples_per_frame=self.codec.config.samples_per_frame,
             num_codebooks=c.num_codebooks,
