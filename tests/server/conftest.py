@@ -25,6 +25,8 @@ from server.gateway import Gateway
 from server.settings import Settings
 
 READY_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 10.0
+SAMPLES_PER_FRAME = 2048  # one codec frame of the default model at 44.1 kHz
 
 
 def free_port() -> int:
@@ -46,6 +48,18 @@ class ServerHandle:
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.settings.port}/v1/tts/live"
+
+    def vocoded_frames(self) -> int:
+        """Code frames the engine has vocoded so far, read once no session is open (earlier work has settled).
+
+        Tests compare the audio a client got with the difference of two readings: exact where a per-character
+        bound on the random default model (which may sample its end token after a few frames) would be flaky.
+        """
+        engine = self.gateway.engine
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while engine.stats()["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return engine.stats()["vocoded_frames"]
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 
-from tests.server.conftest import API_KEY, ServerHandle, start_server
+from tests.server.conftest import API_KEY, SAMPLES_PER_FRAME, ServerHandle, start_server
 from tests.server.live_client import LiveClient, LiveResult, open_live, speak
 
 TEXT = "Hello there. This is a test of the live protocol."
@@ -53,28 +53,38 @@ async def session_with(server: ServerHandle, frames: list, json_mode: bool = Fal
 
 # ---- the happy paths -----------------------------------------------------------------------------------------------
 def test_msgpack_session_streams_audio_then_finishes(server: ServerHandle) -> None:
+    before = server.vocoded_frames()
     r = run(speak(server.ws_url, ["Hello there, ", "this is a test. ", "Another sentence."]))
     kinds = [e["event"] for e in r.events]
     assert kinds[0] == "started" and kinds[-1] == "finish" and r.events[-1]["reason"] == "stop"
     assert "timing" in kinds and r.of("timing")[0]["first_audio_ms"] > 0
     assert r.close_code == 1000
     pcm = np.frombuffer(bytes(r.audio), dtype="<i2")
-    assert len(pcm) >= 20 * 2048 and np.abs(pcm).max() > 100
+    # every sample the vocoder made arrived, nothing else (44.1 kHz pcm: no resampling)
+    assert len(pcm) == (server.vocoded_frames() - before) * SAMPLES_PER_FRAME > 0 and np.abs(pcm).max() > 100
+
+
+def vocoded_seconds(server: ServerHandle, before: int) -> float:
+    return (server.vocoded_frames() - before) * SAMPLES_PER_FRAME / 44100
 
 
 def test_json_session_gets_binary_audio_frames(server: ServerHandle) -> None:
+    before = server.vocoded_frames()
     r = run(speak(server.ws_url, [TEXT], json_mode=True, format="wav", sample_rate=16000))
     assert r.events[-1] == {"event": "finish", "reason": "stop"}
     pcm, rate = sf.read(io.BytesIO(bytes(r.audio)), dtype="int16")
-    assert rate == 16000 and len(pcm) > 16000 // 2
+    assert rate == 16000 and len(pcm) > 0
+    assert len(pcm) / rate == pytest.approx(vocoded_seconds(server, before), abs=0.01)  # the resampler's edge
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "wav"])
 def test_each_format_decodes(server: ServerHandle, fmt: str) -> None:
+    before = server.vocoded_frames()
     r = run(speak(server.ws_url, [TEXT], format=fmt))
     audio, rate = sf.read(io.BytesIO(bytes(r.audio)))
-    assert rate == (48000 if fmt == "opus" else 44100)
-    assert len(audio) / rate > 1.0
+    assert rate == (48000 if fmt == "opus" else 44100) and len(audio) > 0
+    # the decoded length is the vocoded audio's, give or take the codec's frame padding
+    assert len(audio) / rate == pytest.approx(vocoded_seconds(server, before), abs=0.08)
 
 
 def test_flush_speaks_buffered_text_before_stop(server: ServerHandle) -> None:

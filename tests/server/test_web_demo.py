@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.server.conftest import API_KEY, ServerHandle
+from tests.server.conftest import API_KEY, SAMPLES_PER_FRAME, ServerHandle
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -28,7 +28,6 @@ CHROMIUM_ARGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]  # fmt: skip
 SCREENSHOT = Path(__file__).resolve().parents[2] / "test-artifacts" / "web_demo.png"
-SAMPLES_PER_FRAME = 2048  # one codec frame at 44.1 kHz
 # the untrained default model speaks at most ~1.5 codec frames per input character; a long text stopped after a
 # moment played well under one frame per character
 MIN_SAMPLES_PER_CHAR = 1.0 * SAMPLES_PER_FRAME
@@ -88,10 +87,6 @@ def wait_until_finished(page) -> dict:
     return stats(page)
 
 
-def vocoded_frames(server: ServerHandle) -> int:
-    return server.gateway.engine.stats()["vocoded_frames"]
-
-
 def assert_spoken(page, server: ServerHandle, frames_before: int) -> dict:
     """The utterance finished and the page played every sample the server's vocoder made for it.
 
@@ -100,7 +95,7 @@ def assert_spoken(page, server: ServerHandle, frames_before: int) -> dict:
     """
     s = wait_until_finished(page)
     assert s["state"] == "done" and s["reason"] == "finish", s
-    made = (vocoded_frames(server) - frames_before) * SAMPLES_PER_FRAME
+    made = (server.vocoded_frames() - frames_before) * SAMPLES_PER_FRAME
     assert made > 0 and s["samplesPlayed"] == s["samplesReceived"] == made, (s, made)
     assert s["ttfaMs"] is not None and 0 < s["ttfaMs"] < 10_000, s
     assert re.fullmatch(r"\d+ ms", page.locator("#ttfa").inner_text()), page.locator("#ttfa").inner_text()
@@ -116,7 +111,7 @@ def test_send_all_mode_plays_the_whole_sentence(server: ServerHandle, browser_co
     assert page.locator("#untrained-warning").is_visible() == info.untrained
     page.select_option("#mode", "all")
     page.fill("#text", SENTENCE)
-    frames_before = vocoded_frames(server)
+    frames_before = server.vocoded_frames()
     page.click("#speak")
     assert page.evaluate("window.fishgate.stats().state") == "speaking"
     s = assert_spoken(page, server, frames_before)
@@ -136,11 +131,11 @@ def test_worklet_resamples_when_the_audio_context_runs_at_another_rate(server: S
     page.select_option("#mode", "all")
     page.select_option("#sample_rate", "16000")
     page.fill("#text", SENTENCE)
-    frames_before = vocoded_frames(server)
+    frames_before = server.vocoded_frames()
     page.click("#speak")
     s = wait_until_finished(page)
     assert s["state"] == "done" and s["sampleRate"] == 16000 and s["outputRate"] == 48000, s
-    made_16k = (vocoded_frames(server) - frames_before) * SAMPLES_PER_FRAME * 16000 / 44100
+    made_16k = (server.vocoded_frames() - frames_before) * SAMPLES_PER_FRAME * 16000 / 44100
     assert s["samplesPlayed"] == s["samplesReceived"] > 0, s
     assert abs(s["samplesReceived"] - made_16k) <= 64, (s, made_16k)  # the streaming resampler's edge only
     assert console.errors == []
@@ -152,7 +147,7 @@ def test_type_ahead_mode_speaks_while_typing(server: ServerHandle, browser_conte
     page.select_option("#mode", "type-ahead")
     page.fill("#text", "")
     page.click("#text")
-    frames_before = vocoded_frames(server)
+    frames_before = server.vocoded_frames()
     page.keyboard.type(TYPED, delay=10)
     assert stats(page)["state"] == "speaking"  # the session opened at the first keystroke
     page.click("#speak")  # "Finish": the rest of the text, then stop
@@ -162,7 +157,7 @@ def test_type_ahead_mode_speaks_while_typing(server: ServerHandle, browser_conte
 
     # Speak with no typing session replays the box as a token stream
     page.eval_on_selector("#tps", "el => { el.value = '40'; el.dispatchEvent(new Event('input')); }")
-    frames_before = vocoded_frames(server)
+    frames_before = server.vocoded_frames()
     page.click("#speak")
     assert stats(page)["mode"] == "replay"
     assert_spoken(page, server, frames_before)
@@ -201,7 +196,7 @@ def test_api_key_from_the_key_field(secured_server: ServerHandle, browser_contex
     assert page.locator("#error").is_visible() and "API key" in page.locator("#error").inner_text()
 
     page.fill("#api-key", API_KEY)
-    frames_before = vocoded_frames(secured_server)
+    frames_before = secured_server.vocoded_frames()
     page.click("#speak")
     assert_spoken(page, secured_server, frames_before)
     assert page.locator("#error").is_hidden()
@@ -231,7 +226,7 @@ def test_clone_a_voice_from_a_clip_and_speak_with_it(server: ServerHandle, brows
     assert "web-demo-voice" in [v["id"] for v in normalize_voices(httpx.get(server.base_url + "/v1/references"))]
     page.select_option("#mode", "all")
     page.fill("#text", SENTENCE)
-    frames_before = vocoded_frames(server)
+    frames_before = server.vocoded_frames()
     page.click("#speak")
     assert_spoken(page, server, frames_before)
     assert console.errors == []
