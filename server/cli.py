@@ -16,7 +16,10 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streaming.engine import Engine
 
 EXIT_ENGINE_FAULT = 3
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -59,7 +62,8 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
+    """`fishgate serve`; `engine` replaces the one the settings describe (bench/host_ceiling.py)."""
     import uvicorn
 
     from .app import build_gateway, create_app
@@ -71,7 +75,7 @@ def serve(args: argparse.Namespace) -> int:
     # waits up to 5 ms at every hand-back while hundreds of sockets are busy. A shorter interval keeps the decode
     # loop fed (measured on the H200 end-to-end run; see docs/BENCHMARKS.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    gateway = build_gateway(settings)
+    gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
     config = uvicorn.Config(
         app,

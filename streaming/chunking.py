@@ -28,8 +28,10 @@ SCHEDULES: dict[Latency, tuple[int, ...]] = {
     Latency.BALANCED: (4, 4, 8, 8, 16, 24),
     Latency.NORMAL: (8, 8, 16, 24),
 }
-# Chunk sizes the engine may ever ask for outside a schedule (segment tails are split into these).
+# Chunk sizes the engine may ever ask for outside a schedule (segment tails and refills are split into these).
 TAIL_SIZES = (16, 8, 4, 2, 1)
+# The smallest early chunk for a client about to run dry (one frame per vocoder call costs more than it buys).
+MIN_REFILL_FRAMES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,11 @@ def split_tail(frames: int) -> list[int]:
             out.append(size)
             frames -= size
     return out
+
+
+def refill_size(queued: int) -> int:
+    """The largest chunk size with a captured graph that `queued` frames fill (queued ≥ 1)."""
+    return next(size for size in TAIL_SIZES if size <= queued)
 
 
 def all_chunk_sizes() -> list[int]:

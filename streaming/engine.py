@@ -47,6 +47,8 @@ class EngineConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     limits: WorkerLimits = field(default_factory=WorkerLimits)
     warm_up: bool = True
+    # what builds the backend on the worker thread (bench/host_ceiling.py swaps in a timed stand-in for the GPU)
+    backend_factory: Callable[[BackendConfig], Backend] = Backend
 
 
 class Engine:
@@ -79,7 +81,7 @@ class Engine:
     def _main(self) -> None:
         started = time.perf_counter()
         try:
-            backend = Backend(self.config.backend)
+            backend = self.config.backend_factory(self.config.backend)
             self.timings_s.update(backend.timings_s)
             self.info = backend.info
             graphs = backend.capture_graphs()

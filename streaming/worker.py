@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import heapq
 import logging
 import queue
 import secrets
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from .backend import Backend, RowSampling, history_is_append
-from .chunking import ChunkSchedule, split_tail
+from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, refill_size, split_tail
 from .errors import EngineFault, FishgateError, PromptTooLong
 from .rows import RowTable
 from .session import (
@@ -48,6 +49,14 @@ class WorkerLimits:
     max_undelivered_s: float = 20.0  # unread audio per session before its stream stalls
     stall_timeout_s: float = 30.0  # a stalled stream is closed after this long
     idle_wait_s: float = 0.05  # how long an idle worker blocks on the command queue
+    # A stream whose client buffer (audio sent minus real time since its first chunk) fell below this gets the frames
+    # it has queued (at least MIN_REFILL_FRAMES) at once, in a smaller chunk, instead of waiting for its scheduled
+    # size: under load the schedule's growing chunks otherwise arrive after the client ran dry. None = off. Unseeded
+    # streams only (chunk boundaries move the last bits of the audio; a seeded stream must not depend on timing).
+    refill_below_s: float | None = 0.15
+    # Refills per turn, driest streams first: an overloaded engine would otherwise cut every stream's audio into
+    # tiny chunks (per-chunk host and vocoder-call costs) while still not keeping up.
+    max_refills_per_turn: int = 8
 
 
 @dataclass
@@ -410,22 +419,39 @@ class Worker:
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
     def _vocode_ready(self) -> None:
-        batch: list[tuple[Stream, int]] = []
+        batch: list[tuple[Stream, int, bool]] = []
+        low: list[tuple[float, Stream]] = []  # (client buffer s, stream) of refill candidates
+        refill_below_s = self.limits.refill_below_s
+        now = time.monotonic()
         for st in self.streams.values():
             size = st.schedule.size(st.chunk_index)
-            if len(st.vocoder_queue) >= size:
-                batch.append((st, size))
+            queued = len(st.vocoder_queue)
+            if queued >= size:
+                batch.append((st, size, True))
+            elif (
+                refill_below_s is not None
+                and queued >= MIN_REFILL_FRAMES
+                and st.session.settings.seed is None
+                and st.utterance_started_s is not None
+            ):
+                buffer_s = st.client_buffer_s(self.rate_hz, now)
+                if buffer_s < refill_below_s:
+                    low.append((buffer_s, st))
+        if len(low) > self.limits.max_refills_per_turn:  # the driest first; the rest wait for their scheduled chunk
+            low = heapq.nsmallest(self.limits.max_refills_per_turn, low, key=lambda item: item[0])
+        batch += [(st, refill_size(len(st.vocoder_queue)), False) for _, st in low]  # the next chunk is still `size`
         if batch:
             self._vocode(batch)
 
     def _flush_vocoder(self, st: Stream) -> None:
         """At a segment's end: vocode everything queued, in chunks whose sizes have captured graphs."""
         for size in split_tail(len(st.vocoder_queue)):
-            self._vocode([(st, size)])
+            self._vocode([(st, size, True)])
 
-    def _vocode(self, batch: list[tuple[Stream, int]]) -> None:
+    def _vocode(self, batch: list[tuple[Stream, int, bool]]) -> None:
+        """Vocode (stream, frames, advance the chunk schedule) entries in one backend call."""
         slots, codes = [], []
-        for st, size in batch:
+        for st, size, _ in batch:
             slots.append(st.slot)
             codes.append(np.stack(st.vocoder_queue[:size], axis=1))  # (nc, F)
             del st.vocoder_queue[:size]
@@ -433,13 +459,13 @@ class Worker:
         try:
             pcm = self.b.vocode(slots, codes)
         except Exception as e:
-            for st, _ in batch:
+            for st, _, _ in batch:
                 self._fail(st, e)
             return
         self.stats.vocode_s += time.perf_counter() - t0
         now = time.monotonic()
-        for (st, size), audio in zip(batch, pcm, strict=True):
-            st.chunk_index += 1
+        for (st, size, advance), audio in zip(batch, pcm, strict=True):
+            st.chunk_index += advance  # a refill keeps the schedule's place
             self.stats.vocoded_frames += size
             if st.utterance_started_s is None:
                 st.utterance_started_s = now

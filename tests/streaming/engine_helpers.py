@@ -43,7 +43,11 @@ class Utterance:
     done: UtteranceDone | None = None
     cancelled: Cancelled | None = None
     errors: list[SessionError] = field(default_factory=list)
-    chunks: int = 0
+    chunk_samples: list[int] = field(default_factory=list)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_samples)
 
     @property
     def codes(self) -> np.ndarray:
@@ -57,7 +61,7 @@ async def collect(session: Session, until=(UtteranceDone, Cancelled)) -> Utteran
         ev = await asyncio.wait_for(session.next_event(), EVENT_TIMEOUT_S)
         if isinstance(ev, AudioChunk):
             pcm.append(ev.pcm)
-            out.chunks += 1
+            out.chunk_samples.append(len(ev.pcm))
         elif isinstance(ev, SegmentDone):
             out.segments.append(ev)
         elif isinstance(ev, SessionError):

@@ -1,0 +1,285 @@
+"""The gateway's host ceiling: `fishgate serve` with the GPU replaced by a timed stand-in, driven by `fishgate ttfa`.
+
+On the H200 (docs/BENCHMARKS.md) the decode graphs alone sustain ~760 real-time streams at batch 256, yet the whole
+server saturated at ~80–110× real time: the host (one Python process: event loop + engine worker thread) is the
+bottleneck. This bench reproduces that host on any CPU. Everything real stays real — uvicorn, the live WebSocket
+protocol, the segmenter, the engine's worker thread and scheduler, audio encoding, and `fishgate ttfa` clients in
+their own process — and only the device work is replaced by sleeps of the H200's measured times (a sleep releases
+the GIL, as a CUDA synchronize does): the decode step per batch bucket, each vocoder call by rows × frames, and
+prefill per token. Frames are random semantic codes (the end token never comes, as in the GPU runs), audio is
+silence of the right length, and the embedded default model supplies tokenizer and prompt shapes.
+
+If this server saturates far below what its stand-in device could carry, the ceiling is host work, and it can be
+found and fixed on a CPU (add `--profile-level N` for a py-spy profile of the server during level N).
+
+    python bench/host_ceiling.py --levels 16 64 128 --frames 200 --out build/host_ceiling
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.turn_attribution import attribution, counters  # noqa: E402
+from streaming.backend import Backend, BackendConfig  # noqa: E402
+from streaming.worker import WorkerLimits  # noqa: E402
+
+# H200 graph times, bf16, full-size Fish 1.5 (docs/BENCHMARKS.md): decode step by batch bucket (run 3) ...
+DECODE_MS = {1: 6.44, 8: 7.15, 64: 8.78, 256: 15.61, 1024: 44.22}
+# ... and a vocoder call ≈ base + per frame × rows × frames (fit to run 1: 1×8 2.65, 8×24 10.81, 64×24 78.7 ms)
+VOCODER_BASE_MS, VOCODER_FRAME_MS = 2.3, 0.0495
+# eager prefill was not timed on its own; 8 ms + 20 µs per token is an assumption (first audio only, not capacity)
+PREFILL_BASE_MS, PREFILL_TOKEN_MS = 8.0, 0.02
+FRAME_S = 2048 / 44100
+NO_TENSOR = torch.empty(0)
+
+
+def decode_ms(bucket: int) -> float:
+    """Log-log interpolation between the measured buckets."""
+    sizes = sorted(DECODE_MS)
+    bucket = min(max(bucket, sizes[0]), sizes[-1])
+    i = min(bisect.bisect_left(sizes, bucket), len(sizes) - 1)
+    if sizes[i] == bucket:
+        return DECODE_MS[bucket]
+    lo, hi = sizes[i - 1], sizes[i]
+    w = (math.log(bucket) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return math.exp((1 - w) * math.log(DECODE_MS[lo]) + w * math.log(DECODE_MS[hi]))
+
+
+def vocoder_ms(rows: int, frames: int) -> float:
+    return VOCODER_BASE_MS + VOCODER_FRAME_MS * rows * frames
+
+
+def stand_in_capacity(streams: int) -> float:
+    """Device seconds per second of audio that `streams` real-time streams need from the stand-in (24-frame chunks
+    in calls of ≤ 64 rows); below 1 the stand-in device keeps up."""
+    bucket = 1 << max(streams - 1, 0).bit_length()
+    per_frame_s = (decode_ms(bucket) + streams * vocoder_ms(min(streams, 64), 24) / (24 * min(streams, 64))) / 1e3
+    return per_frame_s / FRAME_S
+
+
+class TimedStandIn(Backend):
+    """The engine's backend with device work replaced by GIL-free sleeps of measured H200 times."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        super().__init__(dataclasses.replace(config, device="cpu", cuda_graphs=False))
+        c = self.model.config
+        self._codes = (c.num_codebooks, c.codebook_size, self.model.semantic_begin_id)
+        self._rng = np.random.default_rng(0)
+
+    def _frames(self, rows: int) -> np.ndarray:
+        nc, cs, begin = self._codes
+        codes = self._rng.integers(0, cs, (rows, nc), dtype=np.int64)
+        return np.concatenate([codes[:, :1] + begin, codes], axis=1)
+
+    def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep((PREFILL_BASE_MS + PREFILL_TOKEN_MS * tokens.shape[-1]) / 1e3)
+        return NO_TENSOR, NO_TENSOR  # start_segment below does not read them
+
+    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
+        return self._frames(1)[0]
+
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
+        bucket, _ = self.stepper.bucket_for(rows, 0)
+        time.sleep(decode_ms(bucket) / 1e3)
+        return self._frames(rows)
+
+    def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
+        groups: dict[int, int] = {}
+        for c in codes:
+            groups[c.shape[1]] = groups.get(c.shape[1], 0) + 1
+        for frames, rows in groups.items():  # one call per chunk length and per ≤ 64 rows, as the real backend
+            for start in range(0, rows, self.vocoder_batch):
+                time.sleep(vocoder_ms(min(self.vocoder_batch, rows - start), frames) / 1e3)
+        spf = self.info.samples_per_frame
+        return [np.zeros(c.shape[1] * spf, dtype=np.float32) for c in codes]
+
+    def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
+        pass  # a device-side copy: asynchronous on the GPU
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        pass
+
+    def reset_vocoder(self, slot: int) -> None:
+        pass
+
+    def capture_graphs(self) -> int:
+        return 0
+
+    def capture_idle_graph(self) -> bool:
+        return False
+
+
+# ---- the server process ------------------------------------------------------------------------------------------------
+def serve(argv: list[str]) -> int:
+    """`fishgate serve` arguments, after `--refill-below-s S|off` (the engine knob this bench compares)."""
+    from server import cli
+    from server.settings import build_parser, settings_from
+    from streaming.engine import Engine, EngineConfig
+    from streaming.worker import WorkerLimits
+
+    refill = None if argv[1] == "off" else float(argv[1])
+    args = build_parser(argparse.ArgumentParser()).parse_args(argv[2:])
+    settings = settings_from(args)
+    config = BackendConfig(max_sessions=settings.max_sessions, max_seq_len=settings.max_seq_len)
+    limits = WorkerLimits(refill_below_s=refill)
+    return cli.serve(args, Engine(EngineConfig(config, limits, backend_factory=TimedStandIn)))
+
+
+# ---- the driver ----------------------------------------------------------------------------------------------------------
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def write_texts(path: Path) -> None:
+    rng = random.Random(0)
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "bright",
+        "stars",
+        "shine",
+        "above",
+        "quiet",
+        "hills",
+    ]
+    lines = [f"Request {i}: " + " ".join(rng.choice(words) for _ in range(14)) + "." for i in range(600)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_level(base: str, level: int, frames: int, texts: Path, out: Path, profile_s: float | None, server_pid: int):
+    before = counters_text(get(base + "/metrics"))
+    spy = None
+    if profile_s is not None and shutil.which("py-spy"):
+        spy = subprocess.Popen(
+            ["bash", "-c", f"sleep {min(8.0, frames * FRAME_S / 2):.1f}; exec py-spy record -p {server_pid} "
+             f"-d {profile_s:.0f} -r 100 --threads --format raw -o {out / f'spy_{level}.txt'} --nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    t0 = time.perf_counter()
+    ttfa_out = out / f"ttfa_{level}"
+    cmd = [
+        sys.executable, "-m", "server.cli", "ttfa", base.replace("http", "ws") + "/v1/tts/live",
+        "--concurrency", str(level), "--requests", str(max(level, 8)), "--max-new-tokens", str(frames),
+        "--texts", str(texts), "--no-plots", "--timeout-s", "600", "--out", str(ttfa_out),
+    ]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    after = counters_text(get(base + "/metrics"))
+    if spy is not None:
+        spy.wait(timeout=120)
+    summary = json.loads((ttfa_out / "ttfa.json").read_text())["levels"][0]["summary"]
+    turns = attribution(before, after)
+    device_s = sum(after.get(k, 0) - before.get(k, 0) for k in ("prefill_seconds", "step_seconds", "vocode_seconds"))
+    return {
+        "level": level, "wall_s": wall, "summary": summary, "turns": turns,
+        "turns_per_s": turns["turns"] / wall, "device_busy": device_s / wall,
+        "stand_in_need": stand_in_capacity(level),
+        "streams_real_time": summary["audio_s_total"] / wall,
+    }  # fmt: skip
+
+
+def counters_text(text: str) -> dict[str, float]:
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"host_ceiling_{os.getpid()}.txt"
+    tmp.write_text(text)
+    try:
+        return counters(tmp)
+    finally:
+        tmp.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[16, 64, 128])
+    parser.add_argument("--frames", type=int, default=200, help="frames per request (9.3 s of audio at 200)")
+    parser.add_argument("--max-sessions", type=int, default=256)
+    parser.add_argument("--refill-below-s", default=str(WorkerLimits().refill_below_s), help="engine knob, or off")
+    parser.add_argument("--profile-level", type=int, help="py-spy the server during this level")
+    parser.add_argument("--profile-s", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    texts = args.out / "texts.txt"
+    write_texts(texts)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = (args.out / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, __file__, "serve", "--refill-below-s", args.refill_below_s, "--port", str(port), "--max-sessions", str(args.max_sessions),
+         "--max-seq-len", "1024", "--rate-limit-per-min", "1000000", "--log-level", "warning"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    rows = []
+    try:
+        for _ in range(300):
+            try:
+                if json.loads(get(base + "/readyz")).get("ready"):
+                    break
+            except OSError:
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"server exited; see {args.out / 'server.log'}")
+            time.sleep(0.5)
+        print("| conc | RT streams | stand-in need | device busy | turns/s | ms/turn = step + vocode + prefill + rest "
+              "| TTFA p50 / p95 ms | underrun |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for level in args.levels:
+            profile = args.profile_s if level == args.profile_level else None
+            r = run_level(base, level, args.frames, texts, args.out, profile, server.pid)
+            rows.append(r)
+            s, t = r["summary"], r["turns"]
+            print(
+                f"| {level} | {r['streams_real_time']:.1f} | {r['stand_in_need']:.2f} | {r['device_busy']:.2f} | "
+                f"{r['turns_per_s']:.1f} | {t['turn_ms']:.1f} = {t['step_ms']:.1f} + {t['vocode_ms']:.1f} + "
+                f"{t['prefill_ms']:.1f} + {t['rest_ms']:.1f} | {s['ttfa_p50_ms']:.0f} / {s['ttfa_p95_ms']:.0f} | "
+                f"{s['underrun_rate']:.0%} |",
+                flush=True,
+            )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    (args.out / "host_ceiling.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

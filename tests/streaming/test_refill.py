@@ -1,0 +1,105 @@
+"""Refills: a stream whose client is about to run dry gets its queued frames early, in a smaller chunk.
+
+The engine runs the real tiny default model and vocoder; only its decode step is made slower than real time
+(60 ms per 46 ms frame, as an overloaded GPU would be) for its first steps or all of them, and never emits the end
+token (so every utterance has its full length whatever the unseeded sampling draws).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from streaming.backend import Backend, BackendConfig
+from streaming.chunking import SCHEDULES, Latency, refill_size
+from streaming.engine import Engine, EngineConfig
+from streaming.session import SynthesisSettings, Voice
+from streaming.worker import WorkerLimits
+from tests.streaming.engine_helpers import speak
+from tests.streaming.test_engine import offline_decode
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+STEP_S = 0.06  # > 2048 / 44100 s: the client's buffer shrinks while the stream decodes
+FRAMES = 40
+SPF = 2048
+TEXT = "A sentence long enough to be spoken for a while by the untrained model."
+
+
+class SlowNeverEnding(Backend):
+    """The real backend with a decode step slower than real time whose frames never carry the end token."""
+
+    slow_steps: int | None = None  # steps slower than real time (None: all of them)
+    steps = 0
+
+    def _no_end(self, frames: np.ndarray) -> np.ndarray:
+        main = frames[..., 0]
+        main[main == self.im_end_id] = self.model.semantic_begin_id  # code 0, as the frame's code 0 already says
+        return frames
+
+    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
+        return self._no_end(super().start_segment(row, logits, hidden, next_pos))
+
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
+        if self.slow_steps is None or self.steps < self.slow_steps:
+            time.sleep(STEP_S)
+        self.steps += 1
+        return self._no_end(super().step(rows, commit, max_pos))
+
+
+class SlowThenFast(SlowNeverEnding):
+    slow_steps = 14
+
+
+def speak_slowly(refill_below_s: float | None, seed: int | None, backend=SlowNeverEnding, frames: int = FRAMES):
+    limits = WorkerLimits(refill_below_s=refill_below_s)
+    engine = Engine(EngineConfig(BackendConfig(max_sessions=2), limits, warm_up=False, backend_factory=backend))
+    engine.start()
+    try:
+        assert engine.wait_ready(120), engine.fault
+
+        async def main():
+            session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
+            return await speak(session, TEXT)
+
+        return asyncio.run(main())
+    finally:
+        engine.stop()
+
+
+def test_refill_size_is_the_largest_graph_size_that_fits() -> None:
+    assert [refill_size(n) for n in (4, 5, 7, 8, 15, 16, 23)] == [4, 4, 4, 8, 8, 16, 16]
+
+
+def test_a_dry_client_gets_every_four_frames_and_the_audio_is_unchanged() -> None:
+    utt = speak_slowly(0.15, seed=None)
+    assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
+    frames = [n // SPF for n in utt.chunk_samples]
+    assert sum(frames) == utt.codes.shape[1] == FRAMES
+    # the schedule's first two chunks (4, 4) come as planned; from then on the client's buffer is below 0.15 s and
+    # every 4 queued frames go out at once instead of waiting for the 8 the schedule asks for
+    assert frames == [4] * (FRAMES // 4), frames
+    # chunk boundaries anywhere give the offline decode of the same codes
+    assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
+
+
+def test_refills_do_not_advance_the_schedule() -> None:
+    """Slow for 14 steps, then fast: once the buffer is back up, the schedule resumes where it was (8, 8, 16)."""
+    utt = speak_slowly(0.15, seed=None, backend=SlowThenFast, frames=80)
+    frames = [n // SPF for n in utt.chunk_samples]
+    assert sum(frames) == 80 and frames[:4] == [4, 4, 4, 4], frames
+    assert [f for f in frames if f > 4][:3] == [8, 8, 16], frames
+
+
+@pytest.mark.parametrize(("refill_below_s", "seed"), [(None, None), (0.15, 7)])
+def test_without_refills_or_with_a_seed_chunks_follow_the_schedule(refill_below_s, seed) -> None:
+    """Off, or a seeded stream (whose chunking must not depend on timing): the schedule, then the segment's tail."""
+    utt = speak_slowly(refill_below_s, seed)
+    frames = [n // SPF for n in utt.chunk_samples]
+    schedule = SCHEDULES[Latency.BALANCED]  # 4, 4, 8, 8, 16, 24: 40 frames = 4 + 4 + 8 + 8 + 16
+    assert frames == list(schedule[:5]) and sum(frames) == FRAMES, frames

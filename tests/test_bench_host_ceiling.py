@@ -1,0 +1,45 @@
+"""bench/host_ceiling.py's stand-in device: the real engine runs on it and its cost model matches the measured points.
+
+No timing assertions (benchmarks are measured, not asserted): this keeps the bench runnable as the engine changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.host_ceiling import DECODE_MS, TimedStandIn, decode_ms, stand_in_capacity, vocoder_ms
+from streaming.backend import BackendConfig
+from streaming.engine import Engine, EngineConfig
+from streaming.session import SynthesisSettings, Voice
+from tests.streaming.engine_helpers import speak
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def test_cost_model_passes_through_the_measured_points() -> None:
+    for bucket, ms in DECODE_MS.items():
+        assert decode_ms(bucket) == ms
+    assert DECODE_MS[8] < decode_ms(32) < DECODE_MS[64] and decode_ms(4096) == DECODE_MS[1024]
+    assert vocoder_ms(64, 24) == pytest.approx(78.3, abs=1.0)  # run 1 measured 78.7 ms
+    assert stand_in_capacity(64) < 1 < stand_in_capacity(1024)
+
+
+def test_the_engine_speaks_whole_utterances_on_the_stand_in() -> None:
+    engine = Engine(EngineConfig(BackendConfig(max_sessions=4), backend_factory=TimedStandIn))
+    engine.start()
+    try:
+        assert engine.wait_ready(120), engine.fault
+
+        async def main():
+            sessions = [engine.open_session(Voice(), SynthesisSettings(max_new_tokens=30)) for _ in range(3)]
+            return await asyncio.gather(*(speak(s, "Three streams at once on a pretend device.") for s in sessions))
+
+        utterances = asyncio.run(main())
+    finally:
+        engine.stop()
+    for utt in utterances:
+        assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
+        # random codes never end early: every stream runs to max_new_tokens, all of it vocoded
+        assert utt.codes.shape[1] == 30 and len(utt.pcm) == 30 * 2048 == utt.done.audio_samples
