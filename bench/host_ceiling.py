@@ -130,17 +130,18 @@ class TimedStandIn(Backend):
 
 # ---- the server process ------------------------------------------------------------------------------------------------
 def serve(argv: list[str]) -> int:
-    """`fishgate serve` arguments, after `--refill-below-s S|off` (the engine knob this bench compares)."""
+    """`fishgate serve` arguments after `--refill-below-s S|off --prefill-hold-below-s S|off` (engine knobs)."""
     from server import cli
     from server.settings import build_parser, settings_from
     from streaming.engine import Engine, EngineConfig
     from streaming.worker import WorkerLimits
 
     refill = None if argv[1] == "off" else float(argv[1])
-    args = build_parser(argparse.ArgumentParser()).parse_args(argv[2:])
+    hold = None if argv[3] == "off" else float(argv[3])
+    args = build_parser(argparse.ArgumentParser()).parse_args(argv[4:])
     settings = settings_from(args)
     config = BackendConfig(max_sessions=settings.max_sessions, max_seq_len=settings.max_seq_len)
-    limits = WorkerLimits(refill_below_s=refill)
+    limits = WorkerLimits(refill_below_s=refill, prefill_hold_below_s=hold)
     return cli.serve(args, Engine(EngineConfig(config, limits, backend_factory=TimedStandIn)))
 
 
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=200, help="frames per request (9.3 s of audio at 200)")
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--refill-below-s", default=str(WorkerLimits().refill_below_s), help="engine knob, or off")
+    parser.add_argument("--prefill-hold-below-s", default=str(WorkerLimits().prefill_hold_below_s), help="or off")
     parser.add_argument("--profile-level", type=int, help="py-spy the server during this level")
     parser.add_argument("--profile-s", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
@@ -244,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", "--refill-below-s", args.refill_below_s, "--port", str(port), "--max-sessions", str(args.max_sessions),
+        [sys.executable, __file__, "serve", "--refill-below-s", args.refill_below_s,
+         "--prefill-hold-below-s", args.prefill_hold_below_s, "--port", str(port), "--max-sessions", str(args.max_sessions),
          "--max-seq-len", "1024", "--rate-limit-per-min", "1000000", "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -212,6 +212,8 @@ class Engine:
             "prefill_tokens": s.prefill_tokens,
             "vocoded_frames": s.vocoded_frames,
             "errors": s.errors,
+            "prefill_holds": s.prefill_holds,
+            "refills": s.refills,
             "turns": s.turns,
             "turn_seconds": round(s.turn_s, 3),
             "prefill_seconds": round(s.prefill_s, 3),

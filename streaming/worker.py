@@ -57,6 +57,10 @@ class WorkerLimits:
     # Refills per turn, driest streams first: an overloaded engine would otherwise cut every stream's audio into
     # tiny chunks (per-chunk host and vocoder-call costs) while still not keeping up.
     max_refills_per_turn: int = 8
+    # While a decoding stream's client buffer is under this, new prompts wait (at most prefill_hold_max_s at a time):
+    # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
+    prefill_hold_below_s: float | None = 0.3
+    prefill_hold_max_s: float = 0.25
 
 
 @dataclass
@@ -66,6 +70,8 @@ class WorkerStats:
     prefill_tokens: int = 0
     vocoded_frames: int = 0
     errors: int = 0
+    prefill_holds: int = 0  # turns that held new prompts back for a nearly dry stream
+    refills: int = 0  # chunks sent early to a nearly dry stream
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
@@ -90,6 +96,7 @@ class Worker:
         self.free_prefix_rows = list(backend.prefix_rows)
         self.stats = WorkerStats()
         self.rate_hz = backend.info.sample_rate_hz
+        self._prefill_held_since: float | None = None
 
     # ---- sessions ----------------------------------------------------------------------------------------------------
     def add(self, session: Session) -> None:
@@ -260,6 +267,9 @@ class Worker:
         short prompts fit); with nothing decoding it writes until something does."""
         chunk = self.limits.prefill_chunk_tokens
         used = 0
+        if self.prefill_queue and self._hold_prefill():
+            self.stats.prefill_holds += 1
+            return
         while self.prefill_queue:
             st = self.streams[self.prefill_queue[0]]
             job = st.prefill
@@ -272,6 +282,27 @@ class Worker:
                 self._prefill_chunk(st, job, take)
             except Exception as e:
                 self._fail(st, e)
+
+    def _hold_prefill(self) -> bool:
+        """Hold new prompts back while a decoding stream's client is nearly dry (its frames come first), for at most
+        `prefill_hold_max_s` at a time so that a burst of arrivals still gets in."""
+        gate = self.limits.prefill_hold_below_s
+        if gate is None or not self.rows.active:
+            self._prefill_held_since = None
+            return False
+        now = time.monotonic()
+        dry = any(
+            st.phase is Phase.DECODE
+            and st.utterance_started_s is not None
+            and st.client_buffer_s(self.rate_hz, now) < gate
+            for st in self.streams.values()
+        )
+        if not dry:
+            self._prefill_held_since = None
+            return False
+        if self._prefill_held_since is None:
+            self._prefill_held_since = now
+        return now - self._prefill_held_since < self.limits.prefill_hold_max_s
 
     def _prefill_chunk(self, st: Stream, job: PrefillJob, take: int) -> None:
         row = self.rows.row[st.session.id]
@@ -440,6 +471,7 @@ class Worker:
         if len(low) > self.limits.max_refills_per_turn:  # the driest first; the rest wait for their scheduled chunk
             low = heapq.nsmallest(self.limits.max_refills_per_turn, low, key=lambda item: item[0])
         batch += [(st, refill_size(len(st.vocoder_queue)), False) for _, st in low]  # the next chunk is still `size`
+        self.stats.refills += len(low)
         if batch:
             self._vocode(batch)
 

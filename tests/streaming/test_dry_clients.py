@@ -1,4 +1,5 @@
-"""Refills: a stream whose client is about to run dry gets its queued frames early, in a smaller chunk.
+"""Clients about to run dry: refills (queued frames go out early, in a smaller chunk) and prefill holds (new
+prompts wait a moment while a decoding stream's client is nearly dry).
 
 The engine runs the real tiny default model and vocoder; only its decode step is made slower than real time
 (60 ms per 46 ms frame, as an overloaded GPU would be) for its first steps or all of them, and never emits the end
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ from streaming.chunking import SCHEDULES, Latency, refill_size
 from streaming.engine import Engine, EngineConfig
 from streaming.session import SynthesisSettings, Voice
 from streaming.worker import WorkerLimits
-from tests.streaming.engine_helpers import speak
+from tests.streaming.engine_helpers import collect, speak
 from tests.streaming.test_engine import offline_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -56,20 +58,26 @@ class SlowThenFast(SlowNeverEnding):
     slow_steps = 14
 
 
-def speak_slowly(refill_below_s: float | None, seed: int | None, backend=SlowNeverEnding, frames: int = FRAMES):
-    limits = WorkerLimits(refill_below_s=refill_below_s)
-    engine = Engine(EngineConfig(BackendConfig(max_sessions=2), limits, warm_up=False, backend_factory=backend))
+@contextmanager
+def slow_engine(backend=SlowNeverEnding, **limits):
+    engine = Engine(
+        EngineConfig(BackendConfig(max_sessions=2), WorkerLimits(**limits), warm_up=False, backend_factory=backend)
+    )
     engine.start()
     try:
         assert engine.wait_ready(120), engine.fault
-
-        async def main():
-            session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
-            return await speak(session, TEXT)
-
-        return asyncio.run(main())
+        yield engine
     finally:
         engine.stop()
+
+
+def speak_slowly(refill_below_s: float | None, seed: int | None, backend=SlowNeverEnding, frames: int = FRAMES):
+    async def main(engine: Engine):
+        session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
+        return await speak(session, TEXT)
+
+    with slow_engine(backend, refill_below_s=refill_below_s) as engine:
+        return asyncio.run(main(engine))
 
 
 def test_refill_size_is_the_largest_graph_size_that_fits() -> None:
@@ -103,3 +111,24 @@ def test_without_refills_or_with_a_seed_chunks_follow_the_schedule(refill_below_
     frames = [n // SPF for n in utt.chunk_samples]
     schedule = SCHEDULES[Latency.BALANCED]  # 4, 4, 8, 8, 16, 24: 40 frames = 4 + 4 + 8 + 8 + 16
     assert frames == list(schedule[:5]) and sum(frames) == FRAMES, frames
+
+
+@pytest.mark.parametrize("hold_below_s", [None, 0.1])
+def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s) -> None:
+    """Stream A decodes slower than real time, so its client is dry; B arrives then. With holds on, B's prompt
+    waits (bounded: B still finishes); with holds off it goes straight in. Either way both utterances complete."""
+
+    async def main(engine: Engine):
+        a = engine.open_session(Voice(), SynthesisSettings(max_new_tokens=FRAMES))
+        a.speak(TEXT)
+        a.end_utterance()
+        first = [await a.next_event() for _ in range(4)]  # A's first chunks: by now its client buffer is spent
+        b = engine.open_session(Voice(), SynthesisSettings(max_new_tokens=8))
+        return first, await asyncio.gather(collect(a), speak(b, "Short."))
+
+    with slow_engine(refill_below_s=0.15, prefill_hold_below_s=hold_below_s, prefill_hold_max_s=0.25) as engine:
+        first, (rest_a, b) = asyncio.run(main(engine))
+        holds = engine.stats()["prefill_holds"]
+    assert len(first) == 4 and rest_a.done is not None and b.done is not None and b.done.reason == "stop"
+    assert b.codes.shape[1] == 8 and len(b.pcm) == 8 * SPF
+    assert (holds > 0) == (hold_below_s is not None), holds
