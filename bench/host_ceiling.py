@@ -46,10 +46,10 @@ from streaming.worker import WorkerLimits  # noqa: E402
 DECODE_MS = {1: 6.44, 8: 7.15, 64: 8.78, 256: 15.61, 1024: 44.22}
 # ... and a vocoder call ≈ base + per frame × rows × frames (fit to run 1: 1×8 2.65, 8×24 10.81, 64×24 78.7 ms)
 VOCODER_BASE_MS, VOCODER_FRAME_MS = 2.3, 0.0495
-# eager prefill was not timed on its own; 8 ms + 20 µs per token is an assumption (first audio only, not capacity)
+# eager prefill was not timed on its own: 8 ms a call + 20 µs a token is an assumption (one call prefills the
+# chunks of several prompts since the batched prefill)
 PREFILL_BASE_MS, PREFILL_TOKEN_MS = 8.0, 0.02
 FRAME_S = 2048 / 44100
-NO_TENSOR = torch.empty(0)
 
 
 def decode_ms(bucket: int) -> float:
@@ -80,7 +80,8 @@ class TimedStandIn(Backend):
     """The engine's backend with device work replaced by GIL-free sleeps of measured H200 times."""
 
     def __init__(self, config: BackendConfig) -> None:
-        super().__init__(dataclasses.replace(config, device="cpu", cuda_graphs=False))
+        # as on the GPU: no batch invariance, so prompts of a turn share one prefill call
+        super().__init__(dataclasses.replace(config, device="cpu", cuda_graphs=False, batch_invariant=False))
         c = self.model.config
         self._codes = (c.num_codebooks, c.codebook_size, self.model.semantic_begin_id)
         self._rng = np.random.default_rng(0)
@@ -90,12 +91,17 @@ class TimedStandIn(Backend):
         codes = self._rng.integers(0, cs, (rows, nc), dtype=np.int64)
         return np.concatenate([codes[:, :1] + begin, codes], axis=1)
 
-    def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep((PREFILL_BASE_MS + PREFILL_TOKEN_MS * tokens.shape[-1]) / 1e3)
-        return NO_TENSOR, NO_TENSOR  # start_segment below does not read them
+    def prefill_many(
+        self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep((PREFILL_BASE_MS + PREFILL_TOKEN_MS * sum(p.shape[-1] for p in prompts)) / 1e3)
+        placeholder = torch.zeros(len(rows), 1)  # start_segments below does not read them
+        return placeholder, placeholder
 
-    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
-        return self._frames(1)[0]
+    def start_segments(
+        self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
+    ) -> np.ndarray:
+        return self._frames(len(rows))
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         bucket, _ = self.stepper.bucket_for(rows, 0)
@@ -130,18 +136,15 @@ class TimedStandIn(Backend):
 
 # ---- the server process ------------------------------------------------------------------------------------------------
 def serve(argv: list[str]) -> int:
-    """`fishgate serve` arguments after `--refill-below-s S|off --prefill-hold-below-s S|off` (engine knobs)."""
+    """`fishgate serve` arguments after a JSON object of WorkerLimits fields (the engine knobs this bench compares)."""
     from server import cli
     from server.settings import build_parser, settings_from
     from streaming.engine import Engine, EngineConfig
-    from streaming.worker import WorkerLimits
 
-    refill = None if argv[1] == "off" else float(argv[1])
-    hold = None if argv[3] == "off" else float(argv[3])
-    args = build_parser(argparse.ArgumentParser()).parse_args(argv[4:])
+    limits = WorkerLimits(**json.loads(argv[0]))
+    args = build_parser(argparse.ArgumentParser()).parse_args(argv[1:])
     settings = settings_from(args)
     config = BackendConfig(max_sessions=settings.max_sessions, max_seq_len=settings.max_seq_len)
-    limits = WorkerLimits(refill_below_s=refill, prefill_hold_below_s=hold)
     return cli.serve(args, Engine(EngineConfig(config, limits, backend_factory=TimedStandIn)))
 
 
@@ -233,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", type=int, nargs="+", default=[16, 64, 128])
     parser.add_argument("--frames", type=int, default=200, help="frames per request (9.3 s of audio at 200)")
     parser.add_argument("--max-sessions", type=int, default=256)
-    parser.add_argument("--refill-below-s", default=str(WorkerLimits().refill_below_s), help="engine knob, or off")
-    parser.add_argument("--prefill-hold-below-s", default=str(WorkerLimits().prefill_hold_below_s), help="or off")
+    parser.add_argument(
+        "--limit", action="append", default=[], metavar="FIELD=VALUE",
+        help="a WorkerLimits field for the engine (JSON value, e.g. refill_below_s=null); repeatable",
+    )  # fmt: skip
     parser.add_argument("--profile-level", type=int, help="py-spy the server during this level")
     parser.add_argument("--profile-s", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
@@ -242,12 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     texts = args.out / "texts.txt"
     write_texts(texts)
+    limits = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.limit)}
+    WorkerLimits(**limits)  # unknown fields fail here, not in the server
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", "--refill-below-s", args.refill_below_s,
-         "--prefill-hold-below-s", args.prefill_hold_below_s, "--port", str(port), "--max-sessions", str(args.max_sessions),
+        [sys.executable, __file__, "serve", json.dumps(limits), "--port", str(port), "--max-sessions", str(args.max_sessions),
          "--max-seq-len", "1024", "--rate-limit-per-min", "1000000", "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

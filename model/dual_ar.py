@@ -167,6 +167,37 @@ class DualARTransformer(nn.Module):
         last = x[:, -1]
         return self.token_logits(last)[0], self.fast_project_in(last)[0]
 
+    def prefill_many(
+        self, prompts: list[torch.Tensor], cache: KVCache, rows: list[int], start_positions: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`prefill` of several rows in one pass: prompts[b] (1+nc, T_b) into cache row rows[b] from start_positions[b].
+
+        The rows' KV prefixes are gathered into a scratch cache, the prompts run right-padded as one batch, and the
+        rows are written back. Padding tokens write to their row's first position after its prompt, which the row's
+        first decode step overwrites before anything reads it. Returns each prompt's last-position slow logits
+        (B, vocab) and fast input hidden (B, fast_dim). Not batch-invariant (the attention length is the batch's).
+        """
+        lengths = [p.shape[-1] for p in prompts]
+        ends = [start + n for start, n in zip(start_positions, lengths, strict=True)]
+        limit = min(cache.max_seq_len, self.config.max_seq_len)
+        if max(ends) >= limit:  # the padding writes at `end`, which must exist
+            raise ValueError(f"prefill to position {max(ends)} exceeds the context of {limit - 1}")
+        device = prompts[0].device
+        longest = max(lengths)
+        tokens = torch.zeros(len(prompts), prompts[0].shape[0], longest, dtype=prompts[0].dtype, device=device)
+        positions = torch.empty(len(prompts), longest, dtype=torch.long)
+        for b, (prompt, start, n) in enumerate(zip(prompts, start_positions, lengths, strict=True)):
+            tokens[b, :, :n] = prompt
+            positions[b, :n] = torch.arange(start, start + n)
+            positions[b, n:] = start + n
+        attn_len = max(ends) + 1
+        index = torch.tensor(rows, device=cache.k.device)
+        scratch = cache.gather(index, attn_len)
+        x = self._slow_cached(tokens, scratch, 0, positions.to(device), attn_len)
+        cache.scatter(scratch, index, attn_len)
+        last = x[torch.arange(len(prompts), device=device), torch.tensor(lengths, device=device) - 1]
+        return self.token_logits(last), self.fast_project_in(last)
+
     def decode_slow(
         self, frames: torch.Tensor, cache: KVCache, input_pos: torch.Tensor, attn_len: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

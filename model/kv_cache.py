@@ -72,6 +72,18 @@ class KVCache:
         sub.v = self.v[:, row0 : row0 + count]
         return sub
 
+    def gather(self, rows: torch.Tensor, length: int) -> KVCache:
+        """A new cache holding copies of positions [0, length) of `rows` (B,), in that order."""
+        out = object.__new__(KVCache)
+        out.k = self.k[:, rows, :, :length].clone()
+        out.v = self.v[:, rows, :, :length].clone()
+        return out
+
+    def scatter(self, src: KVCache, rows: torch.Tensor, length: int) -> None:
+        """Write positions [0, length) of src's rows 0..B−1 back into `rows` (the inverse of `gather`)."""
+        self.k[:, rows, :, :length] = src.k[:, :, :, :length]
+        self.v[:, rows, :, :length] = src.v[:, :, :, :length]
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy positions [0, length) of slot src into slot dst (used to keep active slots packed)."""
         if src == dst or length <= 0:

@@ -118,6 +118,34 @@ class DecodeStepper:
         return self.model.prefill(tokens.to(self.device), self.cache, row, start_pos)
 
     @torch.inference_mode()
+    def prefill_many(
+        self, rows: list[int], prompts: list[torch.Tensor], start_positions: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`prefill` of several rows in one batched pass (see DualARTransformer.prefill_many): (B, vocab), (B, fast)."""
+        return self.model.prefill_many([p.to(self.device) for p in prompts], self.cache, rows, start_positions)
+
+    @torch.inference_mode()
+    def start_segments(
+        self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: list[int]
+    ) -> torch.Tensor:
+        """`start_segment` for several rows in one batched sample: logits (B, vocab), hidden (B, fast_dim).
+
+        Each row's arithmetic is its own (per-row sampling parameters and noise; batch-invariant layers where the
+        model has them), so a row's first frame is the one `start_segment` would draw. Returns frames (B, 1+nc)."""
+        index = torch.tensor(rows, device=self.device)
+        params = SamplingTensors(self.temperature[index], self.top_p[index], self.repetition_penalty[index])
+        frames = sample_frame(
+            self.model, logits, hidden, self.model.make_fast_cache(len(rows)), params,
+            self._noise(self.seed[index], self.noise_step[index], logits.shape[-1]),
+        )  # fmt: skip
+        self.frame[index] = frames
+        self.pos[index] = torch.tensor(next_positions, device=self.device)
+        self.window[index] = 0
+        self.loop_step[index] = 0
+        self.noise_step[index] += 1
+        return frames
+
+    @torch.inference_mode()
     def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> torch.Tensor:
         """Sample a segment's first frame from the prefill output (no repetition penalty, as upstream).
 

@@ -179,6 +179,24 @@ class Backend:
     def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
         return self.stepper.start_segment(row, logits, hidden, next_pos).cpu().numpy()
 
+    def prefill_many(
+        self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several rows' prompt chunks in one call: (B, vocab) logits and (B, fast_dim) hidden of their last tokens.
+
+        Batch-invariant engines prefill row by row (a batched pass attends over the batch's longest length, which
+        changes summation order); the others run one right-padded batch: one pass instead of B."""
+        if len(rows) == 1 or self.batch_invariant:
+            outs = [self.stepper.prefill(r, p, s) for r, p, s in zip(rows, prompts, start_positions, strict=True)]
+            return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+        return self.stepper.prefill_many(list(rows), list(prompts), list(start_positions))
+
+    def start_segments(
+        self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
+    ) -> np.ndarray:
+        """First frames (B, 1+nc) of several rows in one batched sample (each row's draw is its own)."""
+        return self.stepper.start_segments(list(rows), logits, hidden, list(next_positions)).cpu().numpy()
+
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc)."""
         self.stepper.set_commit(list(commit))

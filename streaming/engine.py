@@ -229,17 +229,19 @@ def _warm_up(worker: Worker) -> None:
 
     b = worker.b
     tokens = b.segment_tokens(b.model_text(WARM_UP_TEXT))
-    row = worker.b.session_rows - 2  # any free session row; nothing is admitted before READY
-    b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
-    logits, hidden = b.prefill(row, tokens, 0)
-    b.start_segment(row, logits, hidden, tokens.shape[1])
-    rows = row + 1
-    commit = [False] * rows
-    commit[row] = True
+    # free session rows (nothing is admitted before READY); two of them where there are, so that the batched
+    # prefill and first-frame paths run too
+    rows = [r for r in (b.session_rows - 2, b.session_rows - 3) if r >= 0]
+    for row in rows:
+        b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
+    logits, hidden = b.prefill_many(rows, [tokens] * len(rows), [0] * len(rows))
+    b.start_segments(rows, logits, hidden, [tokens.shape[1]] * len(rows))
+    commit = [r in rows for r in range(max(rows) + 1)]
     for _ in range(4):
-        b.step(rows, commit, tokens.shape[1] + 4)
+        b.step(len(commit), commit, tokens.shape[1] + 4)
     nc = b.info.num_codebooks
     for size in all_chunk_sizes():
         b.vocode([0], [np.zeros((nc, size), dtype=np.int64)])
     b.reset_vocoder(0)
-    b.stepper.pos[row] = 0
+    for row in rows:
+        b.stepper.pos[row] = 0

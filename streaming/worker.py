@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class WorkerLimits:
-    prefill_chunk_tokens: int = 256  # tokens written per loop turn while other streams decode
+    prefill_chunk_tokens: int = 256  # a prompt is written in chunks of this many tokens, one chunk per turn
+    # tokens written per turn, over all prompts (one batched call); None: one chunk where the backend prefills row
+    # by row (batch-invariant, CPU), four where it runs prompts as one batch
+    prefill_tokens_per_turn: int | None = None
     max_undelivered_s: float = 20.0  # unread audio per session before its stream stalls
     stall_timeout_s: float = 30.0  # a stalled stream is closed after this long
     idle_wait_s: float = 0.05  # how long an idle worker blocks on the command queue
@@ -263,25 +266,49 @@ class Worker:
 
     def _prefill_step(self) -> None:
         """Write queued prompts in chunks of `prefill_chunk_tokens` (boundaries fixed relative to each prompt, so the
-        KV values never depend on load). While anything decodes, a turn writes at most one chunk's worth (several
-        short prompts fit); with nothing decoding it writes until something does."""
-        chunk = self.limits.prefill_chunk_tokens
-        used = 0
+        KV values never depend on load), one chunk of each of several prompts per backend call, up to the turn's
+        token budget (at least one chunk); prompts that are complete sample their first frame together."""
         if self.prefill_queue and self._hold_prefill():
             self.stats.prefill_holds += 1
             return
-        while self.prefill_queue:
-            st = self.streams[self.prefill_queue[0]]
-            job = st.prefill
-            assert job is not None
-            take = min(chunk, job.remaining)
-            if self.rows.active and used > 0 and used + take > chunk:
-                return
+        chunk = self.limits.prefill_chunk_tokens
+        budget = self.limits.prefill_tokens_per_turn or (chunk if self.b.batch_invariant else 4 * chunk)
+        batch: list[tuple[Stream, PrefillJob, int]] = []  # (stream, its job, tokens to write now)
+        used = 0
+        for sid in self.prefill_queue:
+            st = self.streams[sid]
+            assert st.prefill is not None
+            take = min(chunk, st.prefill.remaining)
+            if batch and used + take > budget:
+                break
+            batch.append((st, st.prefill, take))
             used += take
-            try:
-                self._prefill_chunk(st, job, take)
-            except Exception as e:
+        if not batch:
+            return
+        rows = [self.rows.row[st.session.id] for st, _, _ in batch]
+        try:
+            logits, hidden = self.b.prefill_many(
+                rows,
+                [job.tokens[:, job.done : job.done + take] for _, job, take in batch],
+                [j.next_pos for _, j, _ in batch],
+            )
+        except Exception as e:
+            for st, _, _ in batch:
                 self._fail(st, e)
+            return
+        finished: list[int] = []  # indices into batch
+        for i, ((st, job, take), row) in enumerate(zip(batch, rows, strict=True)):
+            job.done += take
+            self.stats.prefill_tokens += take
+            if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len and not st.prefix_cached:
+                st.prefix_cached = True
+                self._remember_prefix(st, row)
+            self.b.stepper.pos[row] = job.next_pos  # idle decode writes land past the valid positions
+            self.row_pos[row] = job.next_pos
+            if not job.remaining:
+                finished.append(i)
+        if finished:
+            self._begin_decoding([batch[i][0] for i in finished], logits[finished], hidden[finished])
 
     def _hold_prefill(self) -> bool:
         """Hold new prompts back while a decoding stream's client is nearly dry (its frames come first), for at most
@@ -303,23 +330,6 @@ class Worker:
         if self._prefill_held_since is None:
             self._prefill_held_since = now
         return now - self._prefill_held_since < self.limits.prefill_hold_max_s
-
-    def _prefill_chunk(self, st: Stream, job: PrefillJob, take: int) -> None:
-        row = self.rows.row[st.session.id]
-        chunk = job.tokens[:, job.done : job.done + take]
-        logits, hidden = self.b.prefill(row, chunk, job.next_pos)
-        job.done += chunk.shape[1]
-        self.stats.prefill_tokens += chunk.shape[1]
-        if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len and not st.prefix_cached:
-            st.prefix_cached = True
-            self._remember_prefix(st, row)
-        self.b.stepper.pos[row] = job.next_pos  # idle decode writes land past the valid positions
-        self.row_pos[row] = job.next_pos
-        if job.remaining:
-            return
-        self.prefill_queue.pop(0)
-        st.prefill = None
-        self._begin_decoding(st, row, logits, hidden)
 
     def _reuse_prefix(self, st: Stream) -> None:
         """Copy a cached voice prefix into this stream's row instead of prefilling it again."""
@@ -346,16 +356,22 @@ class Worker:
         self.row_pos[dst] = st.prefix_len
         self.prefix_cache[st.prefix_key] = (dst, st.prefix_len)
 
-    def _begin_decoding(self, st: Stream, row: int, logits: torch.Tensor, hidden: torch.Tensor) -> None:
-        s = st.session.settings
-        self.b.set_sampling(row, RowSampling(s.temperature, s.top_p, s.repetition_penalty, st.seed))
-        self.b.set_noise_step(row, st.noise_step)
-        frame = self.b.start_segment(row, logits, hidden, st.prompt_end)
-        st.noise_step += 1
-        st.phase = Phase.DECODE
-        self.row_pos[row] = st.prompt_end
-        self._apply_swaps(self.rows.activate(st.session.id))
-        self._accept_frame(st, frame)
+    def _begin_decoding(self, streams: list[Stream], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Streams whose prompts are written: sample their first frames in one call, then join the decode batch."""
+        rows = [self.rows.row[st.session.id] for st in streams]
+        for st, row in zip(streams, rows, strict=True):
+            s = st.session.settings
+            self.b.set_sampling(row, RowSampling(s.temperature, s.top_p, s.repetition_penalty, st.seed))
+            self.b.set_noise_step(row, st.noise_step)
+        frames = self.b.start_segments(rows, logits, hidden, [st.prompt_end for st in streams])
+        for st, frame in zip(streams, frames, strict=True):
+            self.prefill_queue.remove(st.session.id)
+            st.prefill = None
+            st.noise_step += 1
+            st.phase = Phase.DECODE
+            self.row_pos[self.rows.row[st.session.id]] = st.prompt_end  # its row may have moved in a swap above
+            self._apply_swaps(self.rows.activate(st.session.id))
+            self._accept_frame(st, frame)
 
     def _decode_step(self) -> None:
         active = self.rows.active

@@ -160,3 +160,37 @@ def test_attention_length_bucket_only_changes_rounding() -> None:
     tight, _ = model.decode_slow(seq[:, -1:].T, cache, torch.tensor([20]), 21)
     loose, _ = model.decode_slow(seq[:, -1:].T, cache, torch.tensor([20]), 64)
     assert_scaled_close(loose, tight)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@torch.no_grad()
+def test_batched_prefill_equals_row_by_row_prefill(name: str) -> None:
+    """prefill_many over rows with different lengths and start positions (one appends to what its row holds)
+    writes the same KV and returns the same last-position outputs as one prefill per row; other rows untouched."""
+    model = make_model(name)
+    seqs = {1: random_sequence(model, 23, seed=31), 4: random_sequence(model, 9, seed=32),
+            2: random_sequence(model, 40, seed=33)}  # fmt: skip
+    held = random_sequence(model, 12, seed=34)  # row 2 already holds 12 positions; its prompt appends after them
+    starts = {1: 0, 4: 0, 2: 12}
+    single, batched = model.make_cache(6), model.make_cache(6)
+    for cache in (single, batched):
+        model.prefill(held, cache, 2)
+        model.prefill(random_sequence(model, 30, seed=35), cache, 3)  # a bystander row
+    untouched = batched.k[:, 3].clone(), batched.v[:, 0].clone()
+    expected = {r: model.prefill(s, single, r, starts[r]) for r, s in seqs.items()}
+    rows = list(seqs)
+    logits, hidden = model.prefill_many([seqs[r] for r in rows], batched, rows, [starts[r] for r in rows])
+    for b, r in enumerate(rows):
+        assert_scaled_close(logits[b], expected[r][0])
+        assert_scaled_close(hidden[b], expected[r][1])
+        end = starts[r] + seqs[r].shape[1]
+        assert_scaled_close(batched.k[:, r, :, :end], single.k[:, r, :, :end])
+        assert_scaled_close(batched.v[:, r, :, :end], single.v[:, r, :, :end])
+    assert torch.equal(batched.k[:, 3], untouched[0]) and torch.equal(batched.v[:, 0], untouched[1])
+
+
+def test_batched_prefill_refuses_a_prompt_past_the_context() -> None:
+    model = make_model("gqa_fast_project")
+    cache = model.make_cache(2, 64)
+    with pytest.raises(ValueError, match="context"):
+        model.prefill_many([random_sequence(model, 10, 1), random_sequence(model, 64, 2)], cache, [0, 1], [0, 0])

@@ -129,3 +129,28 @@ def test_graph_bookkeeping_without_cuda_is_empty() -> None:
     model = make_model("gqa_fast_project")
     stepper = DecodeStepper(model, n_rows=4, max_seq_len=64, use_cuda_graphs=True)  # ignored off CUDA
     assert stepper.missing_graphs() == [] and stepper.capture_next() is False and stepper.capture_all(1) == 0
+
+
+def test_first_frames_sampled_together_equal_one_at_a_time() -> None:
+    """start_segments draws each row's first frame exactly as start_segment would (batch-invariant layers, per-row
+    parameters and noise), and leaves each row ready to decode."""
+    model = make_model("gqa_fast_project")
+    model.set_batch_invariant(True)
+    prompts = [random_sequence(model, n, seed=40 + n) for n in (11, 17, 8)]
+    settings = [RowSampling(0.7, 0.7, 1.2, 5), RowSampling(1.0, 0.9, 1.0, 6), RowSampling(0.0, 0.5, 1.1, 7)]
+    one, together = DecodeStepper(model, 4), DecodeStepper(model, 4)
+    rows = [2, 0, 3]
+    outputs = []
+    for stepper in (one, together):
+        for row, s, prompt in zip(rows, settings, prompts, strict=True):
+            stepper.set_sampling(row, s)
+            stepper.set_noise_step(row, 3)
+        outputs.append([stepper.prefill(row, p, 0) for row, p in zip(rows, prompts, strict=True)])
+    ends = [p.shape[1] for p in prompts]
+    expected = [one.start_segment(r, lg, h, e) for r, (lg, h), e in zip(rows, outputs[0], ends, strict=True)]
+    logits = torch.stack([lg for lg, _ in outputs[1]])
+    hidden = torch.stack([h for _, h in outputs[1]])
+    frames = together.start_segments(rows, logits, hidden, ends)
+    assert torch.equal(frames, torch.stack(expected))
+    for t_one, t_together in zip(one._row_tensors(), together._row_tensors(), strict=True):
+        assert torch.equal(t_one, t_together)

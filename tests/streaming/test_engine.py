@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 
 import numpy as np
 import pytest
 import torch
 
 from model.codec_checkpoint import load_codec
-from streaming.backend import BackendConfig, default_checkpoint
+from streaming.backend import Backend, BackendConfig, default_checkpoint
 from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded
 from streaming.session import SynthesisSettings, Voice
@@ -264,3 +265,43 @@ def test_a_model_that_declares_a_text_normalizer_reads_normalised_text(tmp_path,
         assert "unknown text_normalizer 'klingon' in fishgate.json; known: english" in caplog.text
     finally:
         engine.stop()
+
+
+def test_prompts_arriving_together_are_prefilled_in_one_batch() -> None:
+    """Without batch invariance (the GPU default) prompts of one turn share a prefill call and a first-frame
+    sample; every stream still equals the offline decode of its codes."""
+    batch_sizes: list[int] = []
+
+    class Recording(Backend):
+        def prefill_many(self, rows, prompts, start_positions):
+            batch_sizes.append(len(rows))
+            return super().prefill_many(rows, prompts, start_positions)
+
+    config = EngineConfig(
+        BackendConfig(max_sessions=4, batch_invariant=False), warm_up=False, backend_factory=Recording
+    )
+    texts = ("One prompt.", "A second, longer prompt arrives together.", "And a third one.")
+
+    async def main(engine: Engine):
+        gate = threading.Event()
+        held = asyncio.ensure_future(engine.run_job(lambda worker: gate.wait(10)))  # the worker waits: commands pile up
+        await asyncio.sleep(0.05)
+        sessions = [engine.open_session(Voice(), SynthesisSettings(seed=i, max_new_tokens=12)) for i in range(3)]
+        pending = [asyncio.ensure_future(speak(s, t)) for s, t in zip(sessions, texts, strict=True)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        return await asyncio.gather(*pending)
+
+    engine = Engine(config)
+    engine.start()
+    try:
+        assert engine.wait_ready(120), engine.fault
+        utterances = asyncio.run(main(engine))
+    finally:
+        engine.stop()
+    assert batch_sizes[0] == 3, batch_sizes
+    for utt in utterances:
+        assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
+        assert len(utt.pcm) == utt.codes.shape[1] * 2048 > 0
+        assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
