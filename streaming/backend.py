@@ -46,6 +46,9 @@ GPU_LENGTH_BUCKETS = (512, 1024, 2048, 4096)
 VOCODER_MAX_BATCH = 64
 # KV rows that hold voice prefixes (system + references) shared by sessions using the same voice.
 PREFIX_ROWS = 8
+# Row-positions of KV one batched prefill pass may gather into scratch (rows × longest end): 16,384 is 1.6 GB for the
+# full-size model in bf16; larger batches are split into several passes.
+PREFILL_SCRATCH_POSITIONS = 16_384
 
 
 def default_checkpoint() -> Path:
@@ -189,7 +192,19 @@ class Backend:
         if len(rows) == 1 or self.batch_invariant:
             outs = [self.stepper.prefill(r, p, s) for r, p, s in zip(rows, prompts, start_positions, strict=True)]
             return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
-        return self.stepper.prefill_many(list(rows), list(prompts), list(start_positions))
+        # a pass gathers its rows' KV up to its longest end into scratch: keep that under PREFILL_SCRATCH_POSITIONS
+        groups: list[list[int]] = [[]]
+        for i, (p, s) in enumerate(zip(prompts, start_positions, strict=True)):
+            group = groups[-1]
+            longest = max([s + p.shape[-1], *(start_positions[j] + prompts[j].shape[-1] for j in group)]) + 1
+            if group and (len(group) + 1) * longest > PREFILL_SCRATCH_POSITIONS:
+                groups.append([])
+            groups[-1].append(i)
+        outs = [
+            self.stepper.prefill_many([rows[i] for i in g], [prompts[i] for i in g], [start_positions[i] for i in g])
+            for g in groups
+        ]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
     def start_segments(
         self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
