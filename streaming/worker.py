@@ -100,6 +100,8 @@ class Worker:
         self.stats = WorkerStats()
         self.rate_hz = backend.info.sample_rate_hz
         self._prefill_held_since: float | None = None
+        # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
+        self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
 
     # ---- sessions ----------------------------------------------------------------------------------------------------
     def add(self, session: Session) -> None:
@@ -210,6 +212,7 @@ class Worker:
         if self.rows.active:
             self._decode_step()
         self._vocode_ready()
+        self._flush_ended()
         self.stats.turns += 1
         self.stats.turn_s += time.perf_counter() - t0
 
@@ -437,17 +440,22 @@ class Worker:
         st.cache_len = st.prompt_end + len(seg.frames) - 1
         self._apply_swaps(self.rows.deactivate(sid))
         st.phase = Phase.IDLE
-        self._flush_vocoder(st)
         spoken = [f[1:] for f in seg.frames if int(f[0]) != self.b.im_end_id]
         codes = np.stack(spoken, axis=1) if spoken else np.zeros((self.b.info.num_codebooks, 0), np.int64)
-        st.session.post(SegmentDone(seg.utterance, seg.text, len(spoken), ended_by, codes))
+        done = SegmentDone(seg.utterance, seg.text, len(spoken), ended_by, codes)
         st.segment = None
         if ended_by == "max_audio":
             st.pending = collections.deque(p for p in st.pending if p[0] != seg.utterance)
             st.ended_utterances.add(seg.utterance)
-            self._maybe_finish_utterance(st, reason="max_audio", utterance=seg.utterance)
-        else:
-            self._maybe_finish_utterance(st)
+
+        def after_tail() -> None:  # the events follow the segment's last audio
+            st.session.post(done)
+            if ended_by == "max_audio":
+                self._maybe_finish_utterance(st, reason="max_audio", utterance=done.utterance)
+            else:
+                self._maybe_finish_utterance(st)
+
+        self._ended[sid] = (st, after_tail)  # its queued frames are vocoded at the end of this turn
 
     def _maybe_finish_utterance(self, st: Stream, reason: str = "stop", utterance: int | None = None) -> None:
         for utt in sorted(st.ended_utterances):
@@ -491,13 +499,23 @@ class Worker:
         if batch:
             self._vocode(batch)
 
-    def _flush_vocoder(self, st: Stream) -> None:
-        """At a segment's end: vocode everything queued, in chunks whose sizes have captured graphs."""
-        for size in split_tail(len(st.vocoder_queue)):
-            self._vocode([(st, size, True)])
+    def _flush_ended(self) -> None:
+        """Vocode the queued frames of every segment that ended this turn, in chunk sizes with captured graphs: the
+        k-th piece of every such stream in one call (a burst of streams ending together costs a few calls, not a
+        few per stream), then post each segment's events."""
+        ended, self._ended = list(self._ended.values()), {}
+        pieces = {st.session.id: split_tail(len(st.vocoder_queue)) for st, _ in ended}
+        for k in range(max((len(p) for p in pieces.values()), default=0)):
+            self._vocode([(st, pieces[st.session.id][k], True) for st, _ in ended if k < len(pieces[st.session.id])])
+        for st, after_tail in ended:
+            if not st.closed:
+                after_tail()
 
     def _vocode(self, batch: list[tuple[Stream, int, bool]]) -> None:
         """Vocode (stream, frames, advance the chunk schedule) entries in one backend call."""
+        batch = [entry for entry in batch if not entry[0].closed]
+        if not batch:
+            return
         slots, codes = [], []
         for st, size, _ in batch:
             slots.append(st.slot)

@@ -305,3 +305,50 @@ def test_prompts_arriving_together_are_prefilled_in_one_batch() -> None:
         assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
         assert len(utt.pcm) == utt.codes.shape[1] * 2048 > 0
         assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
+
+
+def test_segments_ending_together_share_their_tail_vocoder_calls() -> None:
+    """Three streams admitted in one turn decode in lockstep and end on the same frame (13 = chunks of 4 + 4, tail
+    4 + 1): each tail piece of all three goes in one vocoder call, and every event still follows its audio."""
+    calls: list[tuple[list[int], list[int]]] = []  # (slots, frames of each) per backend call
+
+    class Recording(Backend):
+        def start_segments(self, rows, logits, hidden, next_positions):
+            return self._no_end(super().start_segments(rows, logits, hidden, next_positions))
+
+        def step(self, rows, commit, max_pos):
+            return self._no_end(super().step(rows, commit, max_pos))
+
+        def _no_end(self, frames):
+            frames[frames[:, 0] == self.im_end_id, 0] = self.model.semantic_begin_id
+            return frames
+
+        def vocode(self, slots, codes):
+            calls.append((list(slots), [c.shape[1] for c in codes]))
+            return super().vocode(slots, codes)
+
+    config = EngineConfig(BackendConfig(max_sessions=4), warm_up=False, backend_factory=Recording)
+
+    async def main(engine: Engine):
+        gate = threading.Event()
+        held = asyncio.ensure_future(engine.run_job(lambda worker: gate.wait(10)))
+        await asyncio.sleep(0.05)
+        sessions = [engine.open_session(Voice(), SynthesisSettings(seed=i, max_new_tokens=13)) for i in range(3)]
+        pending = [asyncio.ensure_future(speak(s, "Ending together.")) for s in sessions]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        return await asyncio.gather(*pending)
+
+    engine = Engine(config)
+    engine.start()
+    try:
+        assert engine.wait_ready(120), engine.fault
+        utterances = asyncio.run(main(engine))
+    finally:
+        engine.stop()
+    assert [frames for _, frames in calls] == [[4] * 3, [4] * 3, [4] * 3, [1] * 3], calls
+    for utt in utterances:
+        assert utt.done is not None and utt.done.reason == "stop" and [s.frames for s in utt.segments] == [13]
+        assert utt.chunk_samples == [4 * 2048, 4 * 2048, 4 * 2048, 2048]
+        assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
