@@ -176,12 +176,6 @@ class Backend:
     def set_noise_step(self, row: int, step: int) -> None:
         self.stepper.set_noise_step(row, step)
 
-    def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.stepper.prefill(row, tokens, start_pos)
-
-    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
-        return self.stepper.start_segment(row, logits, hidden, next_pos).cpu().numpy()
-
     def prefill_many(
         self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -123,3 +123,21 @@ def test_streaming_vocoder_graph_equals_eager_official_bf16() -> None:
     e, g = torch.cat(eager, -1).float(), torch.cat(replayed, -1).float()
     assert e.abs().max() > 1e-3, "the random codec should make non-trivial audio"
     assert (g - e).abs().max() <= 2e-3
+
+
+@torch.no_grad()
+def test_batched_prefill_on_gpu_matches_row_by_row() -> None:
+    """The engine's GPU prefill path (prefill_many: one SDPA pass over right-padded prompts) against one prefill per
+    row, fp32 (TF32 off) so that only summation order differs, and bf16 within the bf16 tolerance."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for dtype, rel in ((torch.float32, 1e-4), (torch.bfloat16, BF16_REL_ERR_MAX)):
+        model = cuda_model("gqa_fast_project", dtype)
+        prompts = [random_sequence(model, n, seed=60 + n).cuda() for n in (31, 9, 20)]
+        single, batched = model.make_cache(4), model.make_cache(4)
+        expected = [model.prefill(p, single, row) for row, p in zip((3, 0, 1), prompts, strict=True)]
+        logits, _ = model.prefill_many(prompts, batched, [3, 0, 1], [0, 0, 0])
+        for b, (row, p) in enumerate(zip((3, 0, 1), prompts, strict=True)):
+            ref = expected[b][0].float()
+            assert (logits[b].float() - ref).norm() <= rel * ref.norm(), (dtype, row)
+            k_ref = single.k[:, row, :, : p.shape[1]].float()
+            assert (batched.k[:, row, :, : p.shape[1]].float() - k_ref).norm() <= rel * k_ref.norm(), (dtype, row)

@@ -44,8 +44,10 @@ class SlowNeverEnding(Backend):
         main[main == self.im_end_id] = self.model.semantic_begin_id  # code 0, as the frame's code 0 already says
         return frames
 
-    def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> np.ndarray:
-        return self._no_end(super().start_segment(row, logits, hidden, next_pos))
+    def start_segments(
+        self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
+    ) -> np.ndarray:
+        return self._no_end(super().start_segments(rows, logits, hidden, next_positions))
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         if self.slow_steps is None or self.steps < self.slow_steps:
