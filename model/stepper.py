@@ -188,8 +188,11 @@ class DecodeStepper:
 
     # ---- the step ----------------------------------------------------------------------------------------------------
     def bucket_for(self, rows: int, max_pos: int) -> tuple[int, int]:
-        """(batch bucket ≥ rows, attention-length bucket > max_pos)."""
-        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, rows)]
+        """(batch bucket ≥ rows, attention-length bucket > max_pos). Without graphs or compilation (static shapes)
+        the batch is exactly `rows`: padding rows would only cost time (5 rows of the default model on CPU: 17.7 ms
+        a step instead of 21.2 ms at bucket 8)."""
+        static = self.use_cuda_graphs or self._compiled_step is not None
+        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, rows)] if static else rows
         n = self.length_buckets[bisect.bisect_right(self.length_buckets, max_pos)]
         return b, n
 

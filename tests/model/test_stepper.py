@@ -154,3 +154,10 @@ def test_first_frames_sampled_together_equal_one_at_a_time() -> None:
     assert torch.equal(frames, torch.stack(expected))
     for t_one, t_together in zip(one._row_tensors(), together._row_tensors(), strict=True):
         assert torch.equal(t_one, t_together)
+
+
+def test_without_static_shapes_a_step_runs_exactly_the_rows_asked_for() -> None:
+    """Graph buckets pad the batch to a captured size; an eager stepper (CPU) has no reason to."""
+    model = make_model("gqa_fast_project")
+    assert DecodeStepper(model, 8).bucket_for(5, 0)[0] == 5
+    assert DecodeStepper(model, 8, compile_backend="eager").bucket_for(5, 0)[0] == 8
