@@ -6,7 +6,7 @@ import torch
 
 from model.frame import SamplingTensors
 from model.generate import generate, seeded_noise
-from model.stepper import DecodeStepper, RowSampling, power_of_two_buckets
+from model.stepper import DecodeStepper, RowSampling, decode_batch_buckets, power_of_two_buckets
 from tests.model.test_kv_cache import make_model, random_sequence
 
 IM_END = 260
@@ -15,6 +15,12 @@ IM_END = 260
 def reference(model, prompt, n, s: RowSampling) -> torch.Tensor:
     params = SamplingTensors.fill(1, s.temperature, s.top_p, s.repetition_penalty)
     return generate(model, prompt, n, params, seeded_noise(s.seed, "cpu"), IM_END + 10_000).frames
+
+
+def test_decode_buckets_add_half_steps_above_128_rows() -> None:
+    assert decode_batch_buckets(64) == power_of_two_buckets(64)
+    assert decode_batch_buckets(513) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512, 513]
+    assert decode_batch_buckets(1024)[-4:] == [384, 512, 768, 1024]
 
 
 def test_power_of_two_buckets() -> None:
