@@ -156,25 +156,8 @@ def get(url: str) -> str:
 
 def write_texts(path: Path) -> None:
     rng = random.Random(0)
-    words = [
-        "the",
-        "quick",
-        "brown",
-        "fox",
-        "jumps",
-        "over",
-        "a",
-        "lazy",
-        "dog",
-        "while",
-        "seven",
-        "bright",
-        "stars",
-        "shine",
-        "above",
-        "quiet",
-        "hills",
-    ]
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "stars",
+             "shine", "above", "quiet", "hills"]  # fmt: skip
     lines = [f"Request {i}: " + " ".join(rng.choice(words) for _ in range(14)) + "." for i in range(600)]
     path.write_text("\n".join(lines) + "\n")
 

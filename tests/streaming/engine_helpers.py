@@ -5,15 +5,26 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from streaming.backend import BackendConfig
+from streaming.backend import Backend, BackendConfig
 from streaming.engine import Engine, EngineConfig
-from streaming.session import AudioChunk, Cancelled, SegmentDone, Session, SessionError, UtteranceDone
+from streaming.session import (
+    AudioChunk,
+    Cancelled,
+    SegmentDone,
+    Session,
+    SessionError,
+    SynthesisSettings,
+    UtteranceDone,
+    Voice,
+)
 from streaming.worker import WorkerLimits
 from tests.model.fixture_sets import fixtures_root
 
@@ -21,11 +32,21 @@ EVENT_TIMEOUT_S = 60.0
 
 
 @contextmanager
-def running_engine(checkpoint: Path | None = None, max_sessions: int = 4, **limits):
+def running_engine(
+    checkpoint: Path | None = None,
+    max_sessions: int = 4,
+    *,
+    backend_factory: Callable[[BackendConfig], Backend] = Backend,
+    batch_invariant: bool | None = None,
+    warm_up: bool = True,
+    **limits,
+):
     engine = Engine(
         EngineConfig(
-            BackendConfig(checkpoint=checkpoint, max_sessions=max_sessions),
-            WorkerLimits(**limits) if limits else WorkerLimits(),
+            BackendConfig(checkpoint=checkpoint, max_sessions=max_sessions, batch_invariant=batch_invariant),
+            WorkerLimits(**limits),
+            warm_up=warm_up,
+            backend_factory=backend_factory,
         )
     )
     engine.start()
@@ -96,3 +117,16 @@ def fixture_checkpoint(tmp_path: Path, dual_ar: str = "dual_ar_tiny_samefast", c
     shutil.copy(root / codec / "config.json", out / "codec_config.json")
     (out / "fishgate.json").write_text(json.dumps({"name": "fixture-tiny"}))
     return out
+
+
+async def speak_together(engine: Engine, settings: list[SynthesisSettings], texts: list[str]) -> list[Utterance]:
+    """Open one session per text and queue all of them while the worker is held, so they arrive in one turn."""
+    gate = threading.Event()
+    held = asyncio.ensure_future(engine.run_job(lambda worker: gate.wait(10)))  # the worker waits: commands pile up
+    await asyncio.sleep(0.05)
+    sessions = [engine.open_session(Voice(), s) for s in settings]
+    pending = [asyncio.ensure_future(speak(s, t)) for s, t in zip(sessions, texts, strict=True)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await held
+    return await asyncio.gather(*pending)

@@ -11,18 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
-from streaming.backend import Backend, BackendConfig
+from streaming.backend import Backend
 from streaming.chunking import SCHEDULES, Latency, refill_size
-from streaming.engine import Engine, EngineConfig
+from streaming.engine import Engine
 from streaming.session import SynthesisSettings, Voice
-from streaming.worker import WorkerLimits
-from tests.streaming.engine_helpers import collect, speak
+from tests.streaming.engine_helpers import collect, running_engine, speak
 from tests.streaming.test_engine import offline_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -60,25 +58,14 @@ class SlowThenFast(SlowNeverEnding):
     slow_steps = 14
 
 
-@contextmanager
-def slow_engine(backend=SlowNeverEnding, **limits):
-    engine = Engine(
-        EngineConfig(BackendConfig(max_sessions=2), WorkerLimits(**limits), warm_up=False, backend_factory=backend)
-    )
-    engine.start()
-    try:
-        assert engine.wait_ready(120), engine.fault
-        yield engine
-    finally:
-        engine.stop()
-
-
 def speak_slowly(refill_below_s: float | None, seed: int | None, backend=SlowNeverEnding, frames: int = FRAMES):
     async def main(engine: Engine):
         session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
         return await speak(session, TEXT)
 
-    with slow_engine(backend, refill_below_s=refill_below_s) as engine:
+    with running_engine(
+        max_sessions=2, backend_factory=backend, warm_up=False, refill_below_s=refill_below_s
+    ) as engine:
         return asyncio.run(main(engine))
 
 
@@ -128,7 +115,8 @@ def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s)
         b = engine.open_session(Voice(), SynthesisSettings(max_new_tokens=8))
         return first, await asyncio.gather(collect(a), speak(b, "Short."))
 
-    with slow_engine(refill_below_s=0.15, prefill_hold_below_s=hold_below_s, prefill_hold_max_s=0.25) as engine:
+    limits = {"refill_below_s": 0.15, "prefill_hold_below_s": hold_below_s, "prefill_hold_max_s": 0.25}
+    with running_engine(max_sessions=2, backend_factory=SlowNeverEnding, warm_up=False, **limits) as engine:
         first, (rest_a, b) = asyncio.run(main(engine))
         holds = engine.stats()["prefill_holds"]
     assert len(first) == 4 and rest_a.done is not None and b.done is not None and b.done.reason == "stop"

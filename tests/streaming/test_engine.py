@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import threading
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded
 from streaming.session import SynthesisSettings, Voice
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
-from tests.streaming.engine_helpers import collect, fixture_checkpoint, running_engine, speak
+from tests.streaming.engine_helpers import collect, fixture_checkpoint, running_engine, speak, speak_together
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -277,29 +276,10 @@ def test_prompts_arriving_together_are_prefilled_in_one_batch() -> None:
             batch_sizes.append(len(rows))
             return super().prefill_many(rows, prompts, start_positions)
 
-    config = EngineConfig(
-        BackendConfig(max_sessions=4, batch_invariant=False), warm_up=False, backend_factory=Recording
-    )
-    texts = ("One prompt.", "A second, longer prompt arrives together.", "And a third one.")
-
-    async def main(engine: Engine):
-        gate = threading.Event()
-        held = asyncio.ensure_future(engine.run_job(lambda worker: gate.wait(10)))  # the worker waits: commands pile up
-        await asyncio.sleep(0.05)
-        sessions = [engine.open_session(Voice(), SynthesisSettings(seed=i, max_new_tokens=12)) for i in range(3)]
-        pending = [asyncio.ensure_future(speak(s, t)) for s, t in zip(sessions, texts, strict=True)]
-        await asyncio.sleep(0.05)
-        gate.set()
-        await held
-        return await asyncio.gather(*pending)
-
-    engine = Engine(config)
-    engine.start()
-    try:
-        assert engine.wait_ready(120), engine.fault
-        utterances = asyncio.run(main(engine))
-    finally:
-        engine.stop()
+    texts = ["One prompt.", "A second, longer prompt arrives together.", "And a third one."]
+    settings = [SynthesisSettings(seed=i, max_new_tokens=12) for i in range(3)]
+    with running_engine(batch_invariant=False, warm_up=False, backend_factory=Recording) as engine:
+        utterances = asyncio.run(speak_together(engine, settings, texts))
     assert batch_sizes[0] == 3, batch_sizes
     for utt in utterances:
         assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
@@ -327,26 +307,9 @@ def test_segments_ending_together_share_their_tail_vocoder_calls() -> None:
             calls.append((list(slots), [c.shape[1] for c in codes]))
             return super().vocode(slots, codes)
 
-    config = EngineConfig(BackendConfig(max_sessions=4), warm_up=False, backend_factory=Recording)
-
-    async def main(engine: Engine):
-        gate = threading.Event()
-        held = asyncio.ensure_future(engine.run_job(lambda worker: gate.wait(10)))
-        await asyncio.sleep(0.05)
-        sessions = [engine.open_session(Voice(), SynthesisSettings(seed=i, max_new_tokens=13)) for i in range(3)]
-        pending = [asyncio.ensure_future(speak(s, "Ending together.")) for s in sessions]
-        await asyncio.sleep(0.05)
-        gate.set()
-        await held
-        return await asyncio.gather(*pending)
-
-    engine = Engine(config)
-    engine.start()
-    try:
-        assert engine.wait_ready(120), engine.fault
-        utterances = asyncio.run(main(engine))
-    finally:
-        engine.stop()
+    settings = [SynthesisSettings(seed=i, max_new_tokens=13) for i in range(3)]
+    with running_engine(warm_up=False, backend_factory=Recording) as engine:
+        utterances = asyncio.run(speak_together(engine, settings, ["Ending together."] * 3))
     assert [frames for _, frames in calls] == [[4] * 3, [4] * 3, [4] * 3, [1] * 3], calls
     for utt in utterances:
         assert utt.done is not None and utt.done.reason == "stop" and [s.frames for s in utt.segments] == [13]
