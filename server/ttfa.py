@@ -164,6 +164,7 @@ class ProbeConfig:
     seed: int | None = None  # fishgate extension (other servers ignore unknown fields)
     max_new_tokens: int | None = None  # Fish `max_new_tokens` (frames per text segment); None: the server's default
     timeout_s: float = 120.0  # per request, connect to finish
+    ramp_s: float = 0.0  # worker i of a level starts i/N of this after the first: arrivals spread, not a burst
 
     def request(self) -> dict[str, Any]:
         req: dict[str, Any] = {"text": "", "format": self.format, "sample_rate": self.sample_rate_hz}
@@ -370,12 +371,15 @@ async def run_level(
     config: ProbeConfig,
     on_done: Callable[[RequestResult], None] | None = None,
 ) -> list[RequestResult]:
-    """Send every text once with at most `concurrency` requests in flight (all workers start together)."""
+    """Send every text once with at most `concurrency` requests in flight. The workers start together, or spread
+    evenly over `config.ramp_s` (then each keeps its own rhythm: a steady load instead of waves of bursts)."""
     pending = list(enumerate(texts))
     results: list[RequestResult] = []
     level_start = time.perf_counter()
+    workers = min(concurrency, len(texts))
 
-    async def worker() -> None:
+    async def worker(i: int) -> None:
+        await asyncio.sleep(config.ramp_s * i / workers)
         while pending:
             index, text = pending.pop(0)
             started = time.perf_counter()
@@ -385,7 +389,7 @@ async def run_level(
             if on_done is not None:
                 on_done(r)
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(texts)))))
+    await asyncio.gather(*(worker(i) for i in range(workers)))
     return sorted(results, key=lambda r: r.index)
 
 
@@ -423,6 +427,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--seed", type=int, default=None, help="fishgate extension: fixed sampling seed")
     a("--max-new-tokens", type=int, default=None, help="Fish max_new_tokens: frames per text segment")
     a("--timeout-s", type=float, default=120.0, help="per-request limit, connect to finish [default 120]")
+    a("--ramp-s", type=float, default=0.0, help="spread each level's first requests over this many seconds [default 0]")
     a("--out", type=Path, default=Path("ttfa-results"), help="folder for ttfa.json and plots [default ttfa-results]")
     a("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     return parser
@@ -443,6 +448,8 @@ def config_from(args: argparse.Namespace) -> ProbeConfig:
         raise ValueError("--requests must be at least 1")
     if args.tokens_per_s < 0:
         raise ValueError("--tokens-per-s must be 0 (all at once) or a positive rate")
+    if args.ramp_s < 0:
+        raise ValueError("--ramp-s must be 0 (all workers at once) or a positive number of seconds")
     return ProbeConfig(
         url=args.url,
         format=args.format,
@@ -455,4 +462,5 @@ def config_from(args: argparse.Namespace) -> ProbeConfig:
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         timeout_s=args.timeout_s,
+        ramp_s=args.ramp_s,
     )

@@ -14,6 +14,7 @@ from server.ttfa import (
     ProbeConfig,
     SampleCounter,
     measure_request,
+    run_level,
     simulate_playout,
     stream_tokens,
     unique_texts,
@@ -129,3 +130,18 @@ def test_unreachable_server_is_an_error_not_a_hang() -> None:
     config = ProbeConfig(url=f"ws://127.0.0.1:{free_port()}/v1/tts/live", timeout_s=5.0)
     r = asyncio.run(measure_request("Hello.", config))
     assert r.error is not None and r.ttfa_ms is None and r.audio_s == 0.0
+
+
+def test_ramp_spreads_the_first_requests_of_a_level(server: ServerHandle) -> None:
+    """--ramp-s: worker i starts i/N of the ramp after the first (a steady load instead of one burst). Each text goes
+    out a word every 0.25 s, so no request ends (freeing its worker for the next text) before the ramp is over."""
+    config = ProbeConfig(url=server.ws_url, seed=3, max_new_tokens=8, tokens_per_s=4.0, ramp_s=0.6)
+    results = asyncio.run(run_level(["One two three.", "Four five six.", "Seven eight nine."], 3, config))
+    assert [r.error for r in results] == [None, None, None]
+    starts = [r.started_s for r in results]
+    assert starts[0] < 0.1 and all(starts[i] >= 0.2 * i - 0.01 for i in range(3)), starts
+
+
+def test_negative_ramp_is_refused(capsys) -> None:
+    assert main(["ttfa", "--ramp-s", "-1"]) == 2
+    assert "--ramp-s must be 0" in capsys.readouterr().err
