@@ -158,7 +158,7 @@ def write_texts(path: Path) -> None:
     rng = random.Random(0)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "stars",
              "shine", "above", "quiet", "hills"]  # fmt: skip
-    lines = [f"Request {i}: " + " ".join(rng.choice(words) for _ in range(14)) + "." for i in range(600)]
+    lines = [f"Request {i}: " + " ".join(rng.choice(words) for _ in range(14)) + "." for i in range(2000)]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -170,7 +170,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_level(base: str, level: int, frames: int, texts: Path, out: Path, profile_s: float | None, server_pid: int):
+def run_level(
+    base: str, level: int, frames: int, texts: Path, out: Path, profile_s: float | None, server_pid: int,
+    waves: int = 1, ramp_s: float = 0.0,
+):  # fmt: skip
     before = counters_text(get(base + "/metrics"))
     spy = None
     if profile_s is not None and shutil.which("py-spy"):
@@ -183,7 +186,8 @@ def run_level(base: str, level: int, frames: int, texts: Path, out: Path, profil
     ttfa_out = out / f"ttfa_{level}"
     cmd = [
         sys.executable, "-m", "server.cli", "ttfa", base.replace("http", "ws") + "/v1/tts/live",
-        "--concurrency", str(level), "--requests", str(max(level, 8)), "--max-new-tokens", str(frames),
+        "--concurrency", str(level), "--requests", str(max(level * waves, 8)), "--max-new-tokens", str(frames),
+        "--ramp-s", str(ramp_s),
         "--texts", str(texts), "--no-plots", "--timeout-s", "600", "--out", str(ttfa_out),
     ]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -219,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", type=int, nargs="+", default=[16, 64, 128])
     parser.add_argument("--frames", type=int, default=200, help="frames per request (9.3 s of audio at 200)")
     parser.add_argument("--max-sessions", type=int, default=256)
+    parser.add_argument("--waves", type=int, default=1, help="requests per client worker (1: one burst per level)")
+    parser.add_argument("--ramp-s", type=float, default=0.0, help="spread the workers' first requests (fishgate ttfa)")
     parser.add_argument(
         "--limit", action="append", default=[], metavar="FIELD=VALUE",
         help="a WorkerLimits field for the engine (JSON value, e.g. refill_below_s=null); repeatable",
@@ -256,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|---|---|")
         for level in args.levels:
             profile = args.profile_s if level == args.profile_level else None
-            r = run_level(base, level, args.frames, texts, args.out, profile, server.pid)
+            r = run_level(base, level, args.frames, texts, args.out, profile, server.pid, args.waves, args.ramp_s)
             rows.append(r)
             s, t = r["summary"], r["turns"]
             print(
