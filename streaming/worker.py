@@ -62,7 +62,7 @@ class WorkerLimits:
     max_refills_per_turn: int = 8
     # While a decoding stream's client buffer is under this, new prompts wait (at most prefill_hold_max_s at a time):
     # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
-    prefill_hold_below_s: float | None = 0.3
+    prefill_hold_below_s: float | None = 0.1
     prefill_hold_max_s: float = 0.25
 
 
