@@ -4,6 +4,8 @@
 # concurrency levels (a ~650-frame stored voice puts streams at positions 1,000-2,000; lengths fixed by
 # max_new_tokens). Usage on the GPU machine, repo root, wheels in .whl (see bench/NOTES.md):
 #   bash bench/run_server_gpu.sh          (results under $OUT)
+#   WAVES=3 RAMP_S=9 LEVELS="128 256 384" LEVEL_TIMEOUT_S=240 bash bench/run_server_gpu.sh   (a steady load: each
+#   client sends 3 requests one after another, first requests spread over 9 s — see docs/BENCHMARKS.md "Steady load")
 set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
@@ -22,7 +24,7 @@ python3 - > /tmp/texts.txt <<'PY'
 import random
 random.seed(0)
 words = "the quick brown fox jumps over a lazy dog while seven bright stars shine above quiet hills near the river".split()
-for i in range(600):
+for i in range(2000):
     print(f"Request {i}: " + " ".join(random.choice(words) for _ in range(14)) + ".")
 PY
 stamp "serve"
@@ -41,7 +43,7 @@ TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.t
 stamp "warm-up (captures vocoder graphs)"
 timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
 for level in ${LEVELS:-1 64 256 384 512}; do
-  n=$(( level < 8 ? 8 : level ))
+  n=$(( level * ${WAVES:-1} < 8 ? 8 : level * ${WAVES:-1} ))
   stamp "level $level"
   curl -s localhost:7860/metrics > "/tmp/metrics_before_$level.txt"
   if [ "$level" = "${PROFILE_LEVEL:-256}" ] && command -v py-spy >/dev/null; then
@@ -49,7 +51,8 @@ for level in ${LEVELS:-1 64 256 384 512}; do
     (sleep "${PROFILE_AFTER_S:-25}"; py-spy record -p $SERVER -d "${PROFILE_S:-20}" -r 100 --threads --format raw \
       -o "$OUT/spy_$level.txt" --nonblocking > /dev/null 2>&1) &
   fi
-  timeout 200 $TTFA --concurrency $level --requests $n --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
+  timeout "${LEVEL_TIMEOUT_S:-200}" $TTFA --concurrency $level --requests $n --ramp-s "${RAMP_S:-0}" \
+    --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
   cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_$level.json" 2>/dev/null
   curl -s localhost:7860/metrics > "/tmp/metrics_after_$level.txt"
   python3 bench/turn_attribution.py "/tmp/metrics_before_$level.txt" "/tmp/metrics_after_$level.txt" --level "$level" \
