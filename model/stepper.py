@@ -103,7 +103,6 @@ class DecodeStepper:
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
-        self._prefill_fast_cache = model.make_fast_cache(1)
         # pinned host mirrors: the commit flags go up and the new frames come down without an extra sync
         pin = device.type == "cuda"
         self._commit_host = torch.zeros(n_rows, dtype=torch.bool, pin_memory=pin)
@@ -144,10 +143,11 @@ class DecodeStepper:
     def start_segments(
         self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: list[int]
     ) -> torch.Tensor:
-        """`start_segment` for several rows in one batched sample: logits (B, vocab), hidden (B, fast_dim).
-
-        Each row's arithmetic is its own (per-row sampling parameters and noise; batch-invariant layers where the
-        model has them), so a row's first frame is the one `start_segment` would draw. Returns frames (B, 1+nc)."""
+        """Sample each row's segment-first frame from its prefill output (no repetition penalty, as upstream), all rows
+        in one batched sample: logits (B, vocab), hidden (B, fast_dim). Each row's arithmetic is its own (per-row
+        sampling parameters and noise; batch-invariant layers where the model has them), so a row draws the same
+        frame alone or beside others. The rows then hold that frame at their next position, an empty window, and are
+        ready for decode steps. Returns frames (B, 1+nc) on the device."""
         index = torch.tensor(rows, device=self.device)
         params = SamplingTensors(self.temperature[index], self.top_p[index], self.repetition_penalty[index])
         frames = sample_frame(
@@ -161,26 +161,9 @@ class DecodeStepper:
         self.noise_step[index] += 1
         return frames
 
-    @torch.inference_mode()
     def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> torch.Tensor:
-        """Sample a segment's first frame from the prefill output (no repetition penalty, as upstream).
-
-        The row then holds that frame at `next_pos`, an empty window, and is ready for decode steps.
-        Returns the frame (1+nc,) on the device.
-        """
-        params = SamplingTensors(
-            self.temperature[row : row + 1], self.top_p[row : row + 1], self.repetition_penalty[row : row + 1]
-        )
-        frame = sample_frame(
-            self.model, logits.unsqueeze(0), hidden.unsqueeze(0), self._prefill_fast_cache, params,
-            self._noise(self.seed[row : row + 1], self.noise_step[row : row + 1], logits.shape[-1]),
-        )[0]  # fmt: skip
-        self.frame[row] = frame
-        self.pos[row] = next_pos
-        self.window[row] = 0
-        self.loop_step[row] = 0
-        self.noise_step[row] += 1
-        return frame
+        """`start_segments` for one row: logits (vocab,), hidden (fast_dim,) → its frame (1+nc,)."""
+        return self.start_segments([row], logits.unsqueeze(0), hidden.unsqueeze(0), [next_pos])[0]
 
     def move_row(self, src: int, dst: int, length: int) -> None:
         """Move a stream from row src to row dst (KV positions [0, length) and all per-row state)."""
