@@ -188,12 +188,14 @@ class Backend:
             return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
         # a pass gathers its rows' KV up to its longest end into scratch: keep that under PREFILL_SCRATCH_POSITIONS
         groups: list[list[int]] = [[]]
+        group_end = 0  # the longest end in the last group
         for i, (p, s) in enumerate(zip(prompts, start_positions, strict=True)):
-            group = groups[-1]
-            longest = max([s + p.shape[-1], *(start_positions[j] + prompts[j].shape[-1] for j in group)]) + 1
-            if group and (len(group) + 1) * longest > PREFILL_SCRATCH_POSITIONS:
+            end = s + p.shape[-1]
+            if groups[-1] and (len(groups[-1]) + 1) * (max(group_end, end) + 1) > PREFILL_SCRATCH_POSITIONS:
                 groups.append([])
+                group_end = 0
             groups[-1].append(i)
+            group_end = max(group_end, end)
         outs = [
             self.stepper.prefill_many([rows[i] for i in g], [prompts[i] for i in g], [start_positions[i] for i in g])
             for g in groups

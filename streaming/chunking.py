@@ -57,8 +57,8 @@ def split_tail(frames: int) -> list[int]:
 
 
 def refill_size(queued: int) -> int:
-    """The largest chunk size with a captured graph that `queued` frames fill (queued ≥ 1)."""
-    return next(size for size in TAIL_SIZES if size <= queued)
+    """The largest chunk size with a captured graph that `queued` frames fill (queued ≥ 1): a tail's first piece."""
+    return split_tail(queued)[0]
 
 
 def all_chunk_sizes() -> list[int]:
