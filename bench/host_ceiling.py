@@ -22,7 +22,6 @@ import bisect
 import dataclasses
 import json
 import math
-import os
 import random
 import shutil
 import subprocess
@@ -38,7 +37,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.turn_attribution import attribution, counters  # noqa: E402
+from bench.turn_attribution import attribution, counters_from_text  # noqa: E402
+from model.stepper import decode_batch_buckets  # noqa: E402
 from streaming.backend import Backend, BackendConfig  # noqa: E402
 from streaming.worker import WorkerLimits  # noqa: E402
 
@@ -71,7 +71,8 @@ def vocoder_ms(rows: int, frames: int) -> float:
 def stand_in_capacity(streams: int) -> float:
     """Device seconds per second of audio that `streams` real-time streams need from the stand-in (24-frame chunks
     in calls of ≤ 64 rows); below 1 the stand-in device keeps up."""
-    bucket = 1 << max(streams - 1, 0).bit_length()
+    buckets = decode_batch_buckets(max(streams, 1024))  # the engine's graph sizes
+    bucket = buckets[bisect.bisect_left(buckets, streams)]
     per_frame_s = (decode_ms(bucket) + streams * vocoder_ms(min(streams, 64), 24) / (24 * min(streams, 64))) / 1e3
     return per_frame_s / FRAME_S
 
@@ -174,7 +175,7 @@ def run_level(
     base: str, level: int, frames: int, texts: Path, out: Path, profile_s: float | None, server_pid: int,
     waves: int = 1, ramp_s: float = 0.0,
 ):  # fmt: skip
-    before = counters_text(get(base + "/metrics"))
+    before = counters_from_text(get(base + "/metrics"))
     spy = None
     if profile_s is not None and shutil.which("py-spy"):
         spy = subprocess.Popen(
@@ -192,7 +193,7 @@ def run_level(
     ]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
-    after = counters_text(get(base + "/metrics"))
+    after = counters_from_text(get(base + "/metrics"))
     if spy is not None:
         spy.wait(timeout=120)
     summary = json.loads((ttfa_out / "ttfa.json").read_text())["levels"][0]["summary"]
@@ -204,15 +205,6 @@ def run_level(
         "stand_in_need": stand_in_capacity(level),
         "streams_real_time": summary["audio_s_total"] / wall,
     }  # fmt: skip
-
-
-def counters_text(text: str) -> dict[str, float]:
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"host_ceiling_{os.getpid()}.txt"
-    tmp.write_text(text)
-    try:
-        return counters(tmp)
-    finally:
-        tmp.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", json.dumps(limits), "--port", str(port), "--max-sessions", str(args.max_sessions),
-         "--max-seq-len", "1024", "--rate-limit-per-min", "1000000", "--log-level", "warning"],
+        [sys.executable, __file__, "serve", json.dumps(limits), "--port", str(port),
+         "--max-sessions", str(args.max_sessions), "--max-seq-len", "1024", "--rate-limit-per-min", "1000000",
+         "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     rows = []
@@ -275,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        log.close()
     (args.out / "host_ceiling.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 

@@ -17,8 +17,13 @@ SAMPLE = re.compile(r'^fishgate_engine\{what="(?P<what>[a-z_]+)"\} (?P<value>[-+
 
 
 def counters(path: Path) -> dict[str, float]:
+    return counters_from_text(path.read_text())
+
+
+def counters_from_text(text: str) -> dict[str, float]:
+    """The `fishgate_engine{what=...}` values of one Prometheus text dump."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         m = SAMPLE.match(line.strip())
         if m:
             out[m["what"]] = float(m["value"])
