@@ -6,12 +6,13 @@ import asyncio
 import json
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from streaming.backend import Backend, BackendConfig
 from streaming.engine import Engine, EngineConfig
@@ -29,6 +30,24 @@ from streaming.worker import WorkerLimits
 from tests.model.fixture_sets import fixtures_root
 
 EVENT_TIMEOUT_S = 60.0
+
+
+class NeverEnding(Backend):
+    """The real backend whose frames never carry the end token, so every random-model segment runs to its full
+    length (its code 0 already says 0 for such a frame, as for the first semantic token put in its place)."""
+
+    def _no_end(self, frames: np.ndarray) -> np.ndarray:
+        main = frames[..., 0]
+        main[main == self.im_end_id] = self.model.semantic_begin_id
+        return frames
+
+    def start_segments(
+        self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
+    ) -> np.ndarray:
+        return self._no_end(super().start_segments(rows, logits, hidden, next_positions))
+
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
+        return self._no_end(super().step(rows, commit, max_pos))
 
 
 @contextmanager

@@ -14,13 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-import torch
 
-from streaming.backend import Backend
 from streaming.chunking import SCHEDULES, Latency, refill_size
 from streaming.engine import Engine
 from streaming.session import SynthesisSettings, Voice
-from tests.streaming.engine_helpers import collect, running_engine, speak
+from tests.streaming.engine_helpers import NeverEnding, collect, running_engine, speak
 from tests.streaming.test_engine import offline_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -31,27 +29,17 @@ SPF = 2048
 TEXT = "A sentence long enough to be spoken for a while by the untrained model."
 
 
-class SlowNeverEnding(Backend):
+class SlowNeverEnding(NeverEnding):
     """The real backend with a decode step slower than real time whose frames never carry the end token."""
 
     slow_steps: int | None = None  # steps slower than real time (None: all of them)
     steps = 0
 
-    def _no_end(self, frames: np.ndarray) -> np.ndarray:
-        main = frames[..., 0]
-        main[main == self.im_end_id] = self.model.semantic_begin_id  # code 0, as the frame's code 0 already says
-        return frames
-
-    def start_segments(
-        self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
-    ) -> np.ndarray:
-        return self._no_end(super().start_segments(rows, logits, hidden, next_positions))
-
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         if self.slow_steps is None or self.steps < self.slow_steps:
             time.sleep(STEP_S)
         self.steps += 1
-        return self._no_end(super().step(rows, commit, max_pos))
+        return super().step(rows, commit, max_pos)
 
 
 class SlowThenFast(SlowNeverEnding):

@@ -16,7 +16,14 @@ from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded
 from streaming.session import SynthesisSettings, Voice
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
-from tests.streaming.engine_helpers import collect, fixture_checkpoint, running_engine, speak, speak_together
+from tests.streaming.engine_helpers import (
+    NeverEnding,
+    collect,
+    fixture_checkpoint,
+    running_engine,
+    speak,
+    speak_together,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -292,17 +299,7 @@ def test_segments_ending_together_share_their_tail_vocoder_calls() -> None:
     4 + 1): each tail piece of all three goes in one vocoder call, and every event still follows its audio."""
     calls: list[tuple[list[int], list[int]]] = []  # (slots, frames of each) per backend call
 
-    class Recording(Backend):
-        def start_segments(self, rows, logits, hidden, next_positions):
-            return self._no_end(super().start_segments(rows, logits, hidden, next_positions))
-
-        def step(self, rows, commit, max_pos):
-            return self._no_end(super().step(rows, commit, max_pos))
-
-        def _no_end(self, frames):
-            frames[frames[:, 0] == self.im_end_id, 0] = self.model.semantic_begin_id
-            return frames
-
+    class Recording(NeverEnding):
         def vocode(self, slots, codes):
             calls.append((list(slots), [c.shape[1] for c in codes]))
             return super().vocode(slots, codes)
