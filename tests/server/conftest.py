@@ -26,7 +26,6 @@ from server.settings import Settings
 
 READY_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 10.0
-SAMPLES_PER_FRAME = 2048  # one codec frame of the default model at 44.1 kHz
 
 
 def free_port() -> int:

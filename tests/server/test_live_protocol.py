@@ -18,7 +18,8 @@ import pytest
 import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 
-from tests.server.conftest import API_KEY, SAMPLES_PER_FRAME, ServerHandle, start_server
+from tests.server.conftest import API_KEY, ServerHandle, start_server
+from tests.server.http_helpers import FRAME_SAMPLES
 from tests.server.live_client import LiveClient, LiveResult, open_live, speak
 
 TEXT = "Hello there. This is a test of the live protocol."
@@ -61,11 +62,11 @@ def test_msgpack_session_streams_audio_then_finishes(server: ServerHandle) -> No
     assert r.close_code == 1000
     pcm = np.frombuffer(bytes(r.audio), dtype="<i2")
     # every sample the vocoder made arrived, nothing else (44.1 kHz pcm: no resampling)
-    assert len(pcm) == (server.vocoded_frames() - before) * SAMPLES_PER_FRAME > 0 and np.abs(pcm).max() > 100
+    assert len(pcm) == (server.vocoded_frames() - before) * FRAME_SAMPLES > 0 and np.abs(pcm).max() > 100
 
 
 def vocoded_seconds(server: ServerHandle, before: int) -> float:
-    return (server.vocoded_frames() - before) * SAMPLES_PER_FRAME / 44100
+    return (server.vocoded_frames() - before) * FRAME_SAMPLES / 44100
 
 
 def test_json_session_gets_binary_audio_frames(server: ServerHandle) -> None:

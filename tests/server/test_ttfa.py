@@ -21,8 +21,8 @@ from server.ttfa import (
 )
 from streaming.audio_encoders import wav_header
 from tests.server.conftest import ServerHandle, free_port
+from tests.server.http_helpers import FRAME_SAMPLES
 
-SAMPLES_PER_FRAME = 2048
 RATE_HZ = 44100
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -80,7 +80,7 @@ def test_stream_tokens_join_back() -> None:
 
 # ---- against the real server ----------------------------------------------------------------------------------------
 def test_ttfa_cli_against_server(server: ServerHandle, tmp_path, capsys) -> None:
-    before = server.gateway.engine.stats()["vocoded_frames"]
+    before = server.vocoded_frames()
     out = tmp_path / "run"
     texts = tmp_path / "texts.txt"  # short texts keep the test fast; 5 lines for 8 requests exercises pairing
     texts.write_text("Good morning.\n\nSee you soon, Sam.\nIs it raining?\nTwo plus two is four.\nThanks a lot!\n")
@@ -101,11 +101,11 @@ def test_ttfa_cli_against_server(server: ServerHandle, tmp_path, capsys) -> None
         # cross-check with the server's own timing event (it starts at text receipt, ends after the audio send)
         assert r["server_first_audio_ms"] - 50 <= r["ttfa_ms"] <= r["server_first_audio_ms"] + 1000
         # the untrained model speaks at most ~1.5 frames per character (it may sample its end token sooner)
-        assert round(r["audio_s"] * RATE_HZ) % SAMPLES_PER_FRAME == 0
-        assert 4 <= r["audio_s"] * RATE_HZ / SAMPLES_PER_FRAME <= 1.5 * len(r["text"]) + 8
+        assert round(r["audio_s"] * RATE_HZ) % FRAME_SAMPLES == 0
+        assert 4 <= r["audio_s"] * RATE_HZ / FRAME_SAMPLES <= 1.5 * len(r["text"]) + 8
     # every sample the engine vocoded arrived, and nothing else was counted as audio
-    vocoded = server.gateway.engine.stats()["vocoded_frames"] - before
-    assert sum(r["audio_s"] for r in requests) * RATE_HZ == pytest.approx(vocoded * SAMPLES_PER_FRAME)
+    vocoded = server.vocoded_frames() - before
+    assert sum(r["audio_s"] for r in requests) * RATE_HZ == pytest.approx(vocoded * FRAME_SAMPLES)
     for level in doc["levels"]:
         s = level["summary"]
         assert s["errors"] == 0 and s["ok"] == 4

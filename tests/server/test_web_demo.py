@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.server.conftest import API_KEY, SAMPLES_PER_FRAME, ServerHandle
+from tests.server.conftest import API_KEY, ServerHandle
+from tests.server.http_helpers import FRAME_SAMPLES
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -30,7 +31,7 @@ CHROMIUM_ARGS = [
 SCREENSHOT = Path(__file__).resolve().parents[2] / "test-artifacts" / "web_demo.png"
 # the untrained default model speaks at most ~1.5 codec frames per input character; a long text stopped after a
 # moment played well under one frame per character
-MIN_SAMPLES_PER_CHAR = 1.0 * SAMPLES_PER_FRAME
+MIN_SAMPLES_PER_CHAR = 1.0 * FRAME_SAMPLES
 SPEAK_TIMEOUT_MS = 30_000
 SENTENCE = "Hello from the fishgate demo page."
 TYPED = "Typing ahead, word by word."
@@ -95,7 +96,7 @@ def assert_spoken(page, server: ServerHandle, frames_before: int) -> dict:
     """
     s = wait_until_finished(page)
     assert s["state"] == "done" and s["reason"] == "finish", s
-    made = (server.vocoded_frames() - frames_before) * SAMPLES_PER_FRAME
+    made = (server.vocoded_frames() - frames_before) * FRAME_SAMPLES
     assert made > 0 and s["samplesPlayed"] == s["samplesReceived"] == made, (s, made)
     assert s["ttfaMs"] is not None and 0 < s["ttfaMs"] < 10_000, s
     assert re.fullmatch(r"\d+ ms", page.locator("#ttfa").inner_text()), page.locator("#ttfa").inner_text()
@@ -135,7 +136,7 @@ def test_worklet_resamples_when_the_audio_context_runs_at_another_rate(server: S
     page.click("#speak")
     s = wait_until_finished(page)
     assert s["state"] == "done" and s["sampleRate"] == 16000 and s["outputRate"] == 48000, s
-    made_16k = (server.vocoded_frames() - frames_before) * SAMPLES_PER_FRAME * 16000 / 44100
+    made_16k = (server.vocoded_frames() - frames_before) * FRAME_SAMPLES * 16000 / 44100
     assert s["samplesPlayed"] == s["samplesReceived"] > 0, s
     assert abs(s["samplesReceived"] - made_16k) <= 64, (s, made_16k)  # the streaming resampler's edge only
     assert console.errors == []
