@@ -496,8 +496,7 @@ class Worker:
             low = heapq.nsmallest(self.limits.max_refills_per_turn, low, key=lambda item: item[0])
         batch += [(st, refill_size(len(st.vocoder_queue)), False) for _, st in low]  # the next chunk is still `size`
         self.stats.refills += len(low)
-        if batch:
-            self._vocode(batch)
+        self._vocode(batch)
 
     def _flush_ended(self) -> None:
         """Vocode the queued frames of every segment that ended this turn, in chunk sizes with captured graphs: the
@@ -512,7 +511,7 @@ class Worker:
                 after_tail()
 
     def _vocode(self, batch: list[tuple[Stream, int, bool]]) -> None:
-        """Vocode (stream, frames, advance the chunk schedule) entries in one backend call."""
+        """Vocode (stream, frames, advance the chunk schedule) entries in one backend call (none: no call)."""
         batch = [entry for entry in batch if not entry[0].closed]
         if not batch:
             return
