@@ -131,7 +131,7 @@ class TimedStandIn(Backend):
     def capture_graphs(self) -> int:
         return 0
 
-    def capture_idle_graph(self) -> bool:
+    def capture_idle_graph(self, row_positions: Sequence[int]) -> bool:
         return False
 
 

@@ -12,7 +12,7 @@ thousands of small kernels of a step; the CUDA graph still removes the launches 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +55,12 @@ def decode_batch_buckets(limit: int) -> list[int]:
     return sorted(sizes)
 
 
+def capturable_buckets(missing: list[tuple[int, int]], row_positions: Sequence[int]) -> list[tuple[int, int]]:
+    """The (batch, length) buckets of `missing` whose step over rows [0, batch) stays inside the attention length:
+    every one of those rows' positions is below it."""
+    return [(b, n) for b, n in missing if max(row_positions[:b], default=0) < n]
+
+
 class DecodeStepper:
     def __init__(
         self,
@@ -65,12 +71,15 @@ class DecodeStepper:
         use_cuda_graphs: bool = False,
         length_buckets: list[int] | None = None,
         max_batch: int | None = None,
+        fixed_batch: bool = False,
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing) compiles the step for batch buckets up to
         `compile_max_batch` (default: all); each (batch, length) bucket compiles once, on its first use or capture.
-        Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper."""
+        Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper.
+        `fixed_batch`: every graph-captured step runs all `max_batch` rows (batch-invariant mode on a GPU, where the
+        kernels cuBLAS picks, and so a row's rounding, depend on the batch size)."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -81,7 +90,7 @@ class DecodeStepper:
         full = self.cache.max_seq_len
         self.length_buckets = sorted({min(b, full) for b in (length_buckets or [full])} | {full})
         # decode batches cover rows [0, bucket); rows past max_batch (e.g. cached voice prefixes) never decode
-        self.batch_buckets = decode_batch_buckets(max_batch or n_rows)
+        self.batch_buckets = [max_batch or n_rows] if fixed_batch else decode_batch_buckets(max_batch or n_rows)
         device = model.embeddings.weight.device
         self.device = device
         width = 1 + c.num_codebooks
@@ -292,9 +301,14 @@ class DecodeStepper:
         grid = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
         return [key for key in grid if key not in self._graphs]
 
-    def capture_next(self) -> bool:
-        """Capture one missing bucket (for idle time); False when none is missing."""
-        missing = self.missing_graphs()
-        if missing:
-            self.capture(*missing[0])
-        return bool(missing)
+    def capture_next(self, row_positions: Sequence[int]) -> bool:
+        """Capture one missing bucket (for idle time); False when none is missing or none can be captured now.
+
+        Warm-up and capture run the step over rows [0, batch) without advancing them, which still writes each row's
+        K/V at its position: harmless at a row's next position, but out of the bucket's attention length when an open
+        session's row is already past it (an index assert on CUDA that kills the process). So only buckets whose
+        length covers the current `row_positions` (the host mirror of `pos`) are captured; the rest wait."""
+        capturable = capturable_buckets(self.missing_graphs(), row_positions)
+        if capturable:
+            self.capture(*capturable[0])
+        return bool(capturable)

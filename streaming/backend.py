@@ -122,6 +122,7 @@ class Backend:
             max_seq_len=config.max_seq_len,
             use_cuda_graphs=config.cuda_graphs,
             length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
+            fixed_batch=invariant,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         graphs = self.device.type == "cuda" and config.cuda_graphs
@@ -205,7 +206,13 @@ class Backend:
     def start_segments(
         self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
     ) -> np.ndarray:
-        """First frames (B, 1+nc) of several rows in one batched sample (each row's draw is its own)."""
+        """First frames (B, 1+nc) of several rows in one batched sample (each row's draw is its own). Batch-invariant
+        GPU engines sample row by row: the fast stack's kernels, and so its rounding, depend on the batch size."""
+        if self.batch_invariant and self.device.type != "cpu" and len(rows) > 1:
+            return np.concatenate(
+                [self.start_segments([r], logits[i : i + 1], hidden[i : i + 1], [p])
+                 for i, (r, p) in enumerate(zip(rows, next_positions, strict=True))]
+            )  # fmt: skip
         return self.stepper.start_segments(list(rows), logits, hidden, list(next_positions)).cpu().numpy()
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
@@ -271,9 +278,10 @@ class Backend:
         self.timings_s["capture_graphs"] = time.perf_counter() - t0
         return n
 
-    def capture_idle_graph(self) -> bool:
-        """Capture one decode graph still missing (the worker calls this when it has nothing else to do)."""
-        return self.stepper.capture_next()
+    def capture_idle_graph(self, row_positions: Sequence[int]) -> bool:
+        """Capture one decode graph still missing (the worker calls this when it has nothing else to do), among those
+        whose attention length covers every row's position now (`row_positions`: the worker's mirror)."""
+        return self.stepper.capture_next(row_positions)
 
     def gpu_memory_bytes(self) -> int:
         """Bytes the caching allocator holds on the engine's GPU (0 on CPU); safe to read from any thread."""

@@ -557,7 +557,7 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
     """The worker thread's body after start-up: apply commands, take turns, until `stop()`."""
     while not stop():
         block = not worker.has_work()
-        if block and worker.commands.empty() and worker.b.capture_idle_graph():
+        if block and worker.commands.empty() and worker.b.capture_idle_graph(worker.row_pos):
             continue  # idle: one more decode graph instead of a nap (cold start captured only the small ones)
         try:
             wait_s = worker.limits.idle_wait_s

@@ -6,7 +6,13 @@ import torch
 
 from model.frame import SamplingTensors
 from model.generate import generate, seeded_noise
-from model.stepper import DecodeStepper, RowSampling, decode_batch_buckets, power_of_two_buckets
+from model.stepper import (
+    DecodeStepper,
+    RowSampling,
+    capturable_buckets,
+    decode_batch_buckets,
+    power_of_two_buckets,
+)
 from tests.model.test_kv_cache import make_model, random_sequence
 
 IM_END = 260
@@ -134,7 +140,27 @@ def test_graph_bookkeeping_without_cuda_is_empty() -> None:
     """On CPU there are no graphs: nothing is missing, idle capture has nothing to do, capture_all reports 0."""
     model = make_model("gqa_fast_project")
     stepper = DecodeStepper(model, n_rows=4, max_seq_len=64, use_cuda_graphs=True)  # ignored off CUDA
-    assert stepper.missing_graphs() == [] and stepper.capture_next() is False and stepper.capture_all(1) == 0
+    assert stepper.missing_graphs() == [] and stepper.capture_next([0] * 4) is False and stepper.capture_all(1) == 0
+
+
+def test_idle_capture_skips_buckets_shorter_than_an_open_row() -> None:
+    """Capturing a (batch, length) graph steps rows [0, batch) in place: a row already past the length (an open
+    session between utterances) would be written out of range, so such buckets wait until they are safe."""
+    missing = [(1, 512), (1, 1024), (2, 512), (2, 1024), (4, 512)]
+    assert capturable_buckets(missing, [0, 0, 0, 0, 0]) == missing
+    assert capturable_buckets(missing, [700, 0, 0, 0, 0]) == [(1, 1024), (2, 1024)]
+    assert capturable_buckets(missing, [0, 0, 600, 0, 0]) == [(1, 512), (1, 1024), (2, 512), (2, 1024)]
+    assert capturable_buckets(missing, [511, 0, 0, 0]) == missing  # position 511 is the last inside 512
+    assert capturable_buckets(missing, [2000, 0]) == []
+
+
+def test_batch_invariant_stepper_has_one_fixed_batch() -> None:
+    """fixed_batch (batch-invariant GPU engines): one batch bucket, the largest, so every step runs the same
+    kernels whatever the load; without graphs (CPU) a step still runs exactly the active rows."""
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(model, n_rows=12, max_seq_len=64, max_batch=9, fixed_batch=True)
+    assert stepper.batch_buckets == [9] and stepper.bucket_for(3, 5)[0] == 3
+    assert DecodeStepper(model, n_rows=12, max_seq_len=64, max_batch=9).batch_buckets == [1, 2, 4, 8, 9]
 
 
 def test_first_frames_sampled_together_equal_one_at_a_time() -> None:

@@ -117,3 +117,43 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
     print(f"decode graphs at ready: {lazy_ready} in {lazy_s:.2f} s (batch 1 only) vs {full_ready} in {full_s:.2f} s")
     assert lazy_ready < full_ready == full_total == lazy_total
     assert np.array_equal(lazy.codes, full.codes)
+
+
+def test_idle_capture_waits_for_buckets_an_open_session_is_past() -> None:
+    """graphs_up_front=1 leaves most graphs to idle time. A session kept open between utterances holds its row at
+    its position; capturing a graph whose attention length is below that position would write out of range (a
+    CUDA index assert that kills the process: seen on the H200, 2026-11-30). Idle capture skips those buckets
+    while the session is open, the session speaks again, and once it closes every graph gets captured."""
+    import time
+
+    from model.stepper import capturable_buckets
+    from streaming.backend import BackendConfig
+    from streaming.engine import Engine, EngineConfig
+
+    long_text = " ".join(["This sentence keeps the open session's row well past five hundred positions."] * 10)
+
+    async def main() -> None:
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=1)))
+        engine.start()
+        try:
+            assert engine.wait_ready(300), engine.fault
+            worker = engine._worker
+            stepper = worker.b.stepper
+            s = engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=40))
+            first = await speak(s, long_text)
+            assert first.done is not None and not first.errors
+            assert max(worker.row_pos) > min(stepper.length_buckets)
+            deadline = time.monotonic() + 120
+            while capturable_buckets(stepper.missing_graphs(), worker.row_pos) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert engine.fault is None and stepper.missing_graphs(), "short buckets must wait"
+            again = await speak(s, "And it speaks again.")
+            assert again.done is not None and not again.errors
+            s.close()
+            while stepper.missing_graphs() and time.monotonic() < deadline + 120:
+                await asyncio.sleep(0.1)
+            assert engine.fault is None and not stepper.missing_graphs()
+        finally:
+            engine.stop()
+
+    asyncio.run(main())
