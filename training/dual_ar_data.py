@@ -20,7 +20,10 @@ import numpy as np
 import torch
 
 from model.prompt import PromptBuilder
+from model.text_split import clean_text
 from model.tokenizer import FishTokenizer
+
+USER_TURN_START = "<|im_start|>user\n"  # what PromptBuilder puts before a segment's text
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +73,16 @@ class CodesPack:
         return max((c.shape[1] / max(len(t), 1) for c, t in zip(self.codes, self.texts, strict=True)), default=0.0)
 
 
+# Where one spoken utterance lies in an example: its text tokens [text_start, text_end) and its code frames
+# [frames_start, frames_end) (the closing `<|im_end|>` frame excluded); positions in the example's tokens.
+Span = tuple[int, int, int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class Example:
     tokens: torch.Tensor  # (1+nc, L) int64: prompt and frames, as the engine's KV cache would hold them
     target: torch.Tensor  # (L,) bool: position i is a loss target (predicted from position i−1)
+    spans: tuple[Span, ...] = ()  # one per spoken utterance (history and the utterance itself), in order
 
 
 class SequenceBuilder:
@@ -95,6 +104,14 @@ class SequenceBuilder:
         out[0, -1] = self.tokenizer.im_end_id
         return out
 
+    def span(self, text: str, n_frames: int, offset: int = 0) -> Span:
+        """The Span of `utterance(text, codes of n_frames)` placed at `offset`: the user turn's text follows
+        `<|im_start|>user\n`, the frames follow the whole prompt."""
+        start = len(self.tokenizer.encode_with_specials(USER_TURN_START))
+        end = start + len(self.tokenizer.encode(clean_text(text)))
+        frames = self.prompts.target(text).shape[1]
+        return offset + start, offset + end, offset + frames, offset + frames + n_frames
+
     def utterance(self, text: str, codes: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         prompt = self.prompts.target(text).to(torch.int64)
         frames = self.frames(codes)
@@ -111,7 +128,7 @@ class SequenceBuilder:
         reference: tuple[str, np.ndarray] | None = None,
     ) -> Example:
         """prefix (reference, no loss) + history utterances (loss on their frames) + the utterance itself."""
-        parts, targets = [], []
+        parts, targets, spans = [], [], []
         if reference is not None:
             prefix = self.prompts.prefix([(reference[0], torch.as_tensor(np.asarray(reference[1])))])
             assert prefix is not None
@@ -119,9 +136,10 @@ class SequenceBuilder:
             targets.append(torch.zeros(prefix.shape[1], dtype=torch.bool))
         for h_text, h_codes in (*history, (text, codes)):
             tok, tgt = self.utterance(h_text, h_codes)
+            spans.append(self.span(h_text, np.asarray(h_codes).shape[1], sum(p.shape[1] for p in parts)))
             parts.append(tok)
             targets.append(tgt)
-        return Example(torch.cat(parts, dim=1), torch.cat(targets))
+        return Example(torch.cat(parts, dim=1), torch.cat(targets), tuple(spans))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +157,18 @@ class ExampleFactory:
         self.builder = builder
         self._utterances: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._prefixes: dict[int, torch.Tensor] = {}
+        self._spans: dict[int, Span] = {}
 
     def utterance(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if i not in self._utterances:
             self._utterances[i] = self.builder.utterance(self.pack.texts[i], self.pack.codes[i])
         return self._utterances[i]
+
+    def span(self, i: int, offset: int) -> Span:
+        if i not in self._spans:
+            self._spans[i] = self.builder.span(self.pack.texts[i], self.pack.codes[i].shape[1])
+        text_start, text_end, frames_start, frames_end = self._spans[i]
+        return text_start + offset, text_end + offset, frames_start + offset, frames_end + offset
 
     def prefix(self, j: int) -> torch.Tensor:
         if j not in self._prefixes:
@@ -155,16 +180,17 @@ class ExampleFactory:
 
     def example(self, i: int, history: Sequence[int] = (), reference: int | None = None) -> Example:
         """Same layout as SequenceBuilder.example, from cached parts."""
-        parts, targets = [], []
+        parts, targets, spans = [], [], []
         if reference is not None:
             prefix = self.prefix(reference)
             parts.append(prefix)
             targets.append(torch.zeros(prefix.shape[1], dtype=torch.bool))
         for k in (*history, i):
             tok, tgt = self.utterance(k)
+            spans.append(self.span(k, sum(p.shape[1] for p in parts)))
             parts.append(tok)
             targets.append(tgt)
-        return Example(torch.cat(parts, dim=1), torch.cat(targets))
+        return Example(torch.cat(parts, dim=1), torch.cat(targets), tuple(spans))
 
 
 def build_examples(

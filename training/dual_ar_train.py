@@ -44,6 +44,7 @@ from .dual_ar_data import (
     collate,
     make_batches,
 )
+from .guided_attention import GuideConfig, HeadScores, guide_tensors, guided_loss
 from .run_log import jsonl_log
 
 RESUME_NAME = "dual_ar_resume.safetensors"
@@ -72,6 +73,7 @@ class DualARTrainConfig:
     # overfitted after ~40 epochs (val loss 2.93 at step 3,500, 3.13 at 5,000 while the train loss kept falling)
     dropout: float = 0.1
     mix: ContextMix = field(default_factory=ContextMix)
+    guide: GuideConfig = field(default_factory=GuideConfig)  # guided attention on one head (off by default)
     val_fraction: float = 0.02  # of `train`, when the pack has no `val` split
     seed: int = 0
 
@@ -191,6 +193,7 @@ def train_dual_ar(
     model = DualARTransformer(config, tokenizer.semantic_begin_id)
     init_dual_ar(model, cfg.init_std)
     add_residual_dropout(model, cfg.dropout)
+    head_scores = HeadScores(model, cfg.guide.layer, cfg.guide.head) if cfg.guide.weight > 0 else None
     step, best_val = 0, math.inf
     meta_prev: dict[str, Any] = {}
     if resume is not None:
@@ -262,8 +265,17 @@ def train_dual_ar(
             lr = lr_at(cfg, step, elapsed_prev + time.monotonic() - t_start, step - first_step)
             for group in opt.param_groups:
                 group["lr"] = lr
-            tokens, target = collate([examples[i] for i in batch], tokenizer.pad_id)
+            members = [examples[i] for i in batch]
+            tokens, target = collate(members, tokenizer.pad_id)
+            if head_scores is not None:
+                head_scores.active = True
             loss, metrics = dual_ar_loss(model, tokens.to(device), target.to(device), tokenizer.im_end_id)
+            if head_scores is not None:
+                head_scores.active = False
+                mask, weight = guide_tensors(members, tokens.shape[2] - 1, cfg.guide.sigma, device)
+                guided = guided_loss(head_scores.take(), mask, weight)
+                loss = loss + cfg.guide.weight * guided
+                metrics["guided_loss"] = guided.detach()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -334,6 +346,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--total-seconds", type=float, default=defaults.total_seconds, help="LR horizon, all calls")
     parser.add_argument("--p-history", type=float, default=defaults.mix.p_history)
     parser.add_argument("--p-reference", type=float, default=defaults.mix.p_reference)
+    parser.add_argument("--guided-weight", type=float, default=defaults.guide.weight, help="0 = no guided attention")
+    parser.add_argument("--guided-layer", type=int, default=defaults.guide.layer)
+    parser.add_argument("--guided-head", type=int, default=defaults.guide.head)
+    parser.add_argument("--guided-sigma", type=float, default=defaults.guide.sigma)
     parser.add_argument("--codes-refresh", type=Path, help="a codes.npz that grows while training (re-read per epoch)")
     args = parser.parse_args(argv)
 
@@ -346,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dual_ar=dual_ar, max_tokens=args.max_tokens, lr=args.lr, dropout=args.dropout, total_steps=args.total_steps,
         total_seconds=args.total_seconds,
         warmup_steps=args.warmup_steps, mix=ContextMix(args.p_history, args.p_reference), seed=args.seed,
+        guide=GuideConfig(args.guided_weight, args.guided_layer, args.guided_head, args.guided_sigma),
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     pack = CodesPack.load(args.codes)
