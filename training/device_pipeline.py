@@ -120,30 +120,37 @@ def start_rest(args: argparse.Namespace) -> None:
 
 
 def start_dual_ar(args: argparse.Namespace) -> None:
-    """Hold B: the DualAR on carried codes and the decoder-only codec phase on carried shards, side by side."""
+    """Hold B: the DualAR on carried codes (and each `--variant`, side by side: a small model leaves the GPU mostly
+    idle) and the decoder-only codec phase on carried shards."""
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     src = copy_code(Path.cwd(), work)
-    shutil.copyfile(args.codes, work / "codes_live.npz")
+    codes = work / "carried_codes.npz"  # not codes_live.npz: it came from here, collect need not send it back
+    shutil.copyfile(args.codes, codes)
     (work / "codec").mkdir(exist_ok=True)
     shutil.copyfile(args.codec, work / "codec" / "codec_resume.safetensors")
     shards = _copy_shards(args.shards, work)
     seconds = f"{args.seconds:.0f}"
-    dual_ar = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(work / "codes_live.npz"), "--out",
-               str(work / "dual_ar"), "--train-seconds", seconds, "--total-seconds", seconds,
-               *shlex.split(args.dual_ar_args)]  # fmt: skip
+    runs = {"dual_ar": shlex.split(args.dual_ar_args)}
+    for variant in args.variant:
+        name, _, extra = variant.partition("=")
+        if not name.isidentifier() or f"dual_ar_{name}" in runs:
+            raise SystemExit(f"--variant {variant!r}: give NAME=FLAGS with a distinct NAME of letters, digits, _")
+        runs[f"dual_ar_{name}"] = shlex.split(args.dual_ar_args) + shlex.split(extra)  # the variant's flags win
+    for name, extra_args in runs.items():
+        cmd = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(codes), "--out", str(work / name),
+               "--train-seconds", seconds, "--total-seconds", seconds, *extra_args]  # fmt: skip
+        daemon(cmd, cwd=src, log_path=work / f"{name}.log", rc_path=work / f"{name}.rc")
     gan = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--resume",
            str(work / "codec" / "codec_resume.safetensors"), "--out", str(work / "gan"), "--freeze-encoder",
            "--new-phase", "--train-seconds", seconds, "--total-seconds", seconds,
            *shlex.split(args.gan_args)]  # fmt: skip
-    daemon(dual_ar, cwd=src, log_path=work / "dual_ar.log", rc_path=work / "dual_ar.rc")
     daemon(gan, cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc")
-    rcs = [_quote(str(work / name)) for name in ("dual_ar.rc", "gan.rc")]
-    done = (
-        f"while [ ! -f {rcs[0]} ] || [ ! -f {rcs[1]} ]; do sleep 5; done; echo finished > {_quote(str(work / 'DONE'))}"
-    )
+    rcs = [_quote(str(work / f"{name}.rc")) for name in (*runs, "gan")]
+    pending = " || ".join(f"[ ! -f {rc} ]" for rc in rcs)
+    done = f"while {pending}; do sleep 5; done; echo finished > {_quote(str(work / 'DONE'))}"
     daemon(["sh", "-c", done], cwd=src, log_path=work / "waiter.log")
-    log(work, f"DualAR and decoder-only phase started for {seconds} s")
+    log(work, f"{', '.join(runs)} and the decoder-only phase started for {seconds} s")
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -328,6 +335,14 @@ BIG_RETURNED = {
 }  # fmt: skip
 
 
+def _own_file(rel: str) -> bool:
+    """Checkpoints and code packs come back as files of their own; logs and samples go into small.tar.gz."""
+    name = rel.rsplit("/", 1)[-1]
+    return name.endswith(("codec_resume.safetensors", "dual_ar_best.safetensors", "dual_ar_resume.safetensors")) or (
+        name.startswith("codes_") and name.endswith(".npz")
+    )
+
+
 def collect(work: Path, out: Path) -> None:
     """Checkpoints as files of their own, everything small in one `small.tar.gz`: at most 8 files come back."""
     out.mkdir(parents=True, exist_ok=True)
@@ -335,13 +350,19 @@ def collect(work: Path, out: Path) -> None:
     extra = sorted(str(p.relative_to(work)) for p in work.glob("codec_*/codec_*") if p.is_file())
     extra += sorted(p.name for p in work.glob("codes_*.npz") if p.name not in ("codes_live.npz", "codes_next.npz"))
     extra += sorted(p.name for p in work.glob("codec_*.log"))
+    for run in sorted(work.glob("dual_ar_*/")):  # hold B's variants
+        # the final weights (run 2's best-by-validation-loss checkpoint came before the text mattered)
+        names = ("dual_ar_resume.safetensors", "dual_ar_log.jsonl", "dual_ar_samples.npz")
+        extra += [f"{run.name}/{name}" for name in names]
+        extra.append(f"{run.name}.log")
+    carried = (work / "carried_codes.npz").exists()  # hold B: the codec came from here
     for rel in RETURNED + extra:
         path = work / rel
-        if not path.is_file():
+        if not path.is_file() or (carried and rel == "codec/codec_resume.safetensors"):
             continue
         if path.stat().st_size > MAX_RETURN_BYTES:
             print(f"not returned (over 16 MiB): {rel}", flush=True)
-        elif rel in BIG_RETURNED or rel.endswith((".npz", "codec_resume.safetensors")):
+        elif rel in BIG_RETURNED or _own_file(rel):
             shutil.copyfile(path, out / rel.replace("/", "__"))
         else:
             small.append(rel)
@@ -356,7 +377,8 @@ def wait(args: argparse.Namespace) -> None:
     shown: dict[str, int] = {}
     while time.monotonic() < until and not (work / "DONE").exists() and not (work / "FAILED").exists():
         time.sleep(min(30.0, max(0.0, until - time.monotonic())))
-        for name in ("pipeline.log", "codec.log", "teacher.log", "encode.log", "dual_ar.log", "gan.log"):
+        variant_logs = sorted(p.name for p in work.glob("dual_ar_*.log"))
+        for name in ("pipeline.log", "codec.log", "teacher.log", "encode.log", "dual_ar.log", "gan.log", *variant_logs):
             path = work / name
             if not path.exists():
                 continue
@@ -411,7 +433,10 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--codec", type=Path, required=True, help="the codec resume file that made those codes")
     d.add_argument("--shards", nargs="+", required=True, help="audio shards for the decoder-only phase")
     d.add_argument("--seconds", type=float, required=True)
-    d.add_argument("--dual-ar-args", default="")
+    d.add_argument("--dual-ar-args", default="", help="dual_ar_train flags for every DualAR run, one string")
+    d.add_argument(
+        "--variant", action="append", default=[], help="NAME=FLAGS: one more DualAR run (dual_ar_NAME); repeatable"
+    )
     d.add_argument("--gan-args", default="")
     o = sub.add_parser("orchestrate")
     o.add_argument("--work", type=Path, required=True)

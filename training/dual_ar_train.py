@@ -346,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--total-seconds", type=float, default=defaults.total_seconds, help="LR horizon, all calls")
     parser.add_argument("--p-history", type=float, default=defaults.mix.p_history)
     parser.add_argument("--p-reference", type=float, default=defaults.mix.p_reference)
+    parser.add_argument("--eval-every", type=int, default=500, help="steps between validations")
     parser.add_argument("--guided-weight", type=float, default=defaults.guide.weight, help="0 = no guided attention")
     parser.add_argument("--guided-layer", type=int, default=defaults.guide.layer)
     parser.add_argument("--guided-head", type=int, default=defaults.guide.head)
@@ -370,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with jsonl_log(args.out / LOG_NAME) as on_log:
         result = train_dual_ar(
             cfg, pack, device=args.device, max_steps=args.max_steps, max_seconds=args.train_seconds, resume=resume,
-            out=args.out, on_log=on_log, refresh=args.codes_refresh,
+            out=args.out, on_log=on_log, refresh=args.codes_refresh, eval_every=args.eval_every,
         )  # fmt: skip
         held_out = pack.indices("test") or pack.train_val_indices(cfg.val_fraction)[1] or pack.indices("train")
         texts = [pack.texts[i] for i in held_out[:SAMPLE_TEXTS]]

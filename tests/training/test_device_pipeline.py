@@ -123,13 +123,18 @@ def test_hold_a_then_hold_b_run_end_to_end_with_a_stand_in_piper(tmp_path: Path)
         _run("start-dual-ar", "--work", str(hold_b), "--codes", str(hold_a / "codes_live.npz"), "--codec",
              str(hold_a / "codec" / "codec_resume.safetensors"), "--shards",
              str(hold_a / "codec_shards" / "shard_000.npz"), "--seconds", "5",
-             "--dual-ar-args=--config tiny --device cpu --max-tokens 1024",
+             "--dual-ar-args=--config tiny --device cpu --max-tokens 1024", "--variant", "guided=--guided-weight 1",
              "--gan-args=--device cpu --batch-size 2 --segment-frames 4")  # fmt: skip
         assert _wait_for(hold_b, 240) == "DONE"
-        assert (hold_b / "dual_ar.rc").read_text().strip() == "0" and (hold_b / "gan.rc").read_text().strip() == "0"
+        for name in ("dual_ar", "dual_ar_guided", "gan"):
+            assert (hold_b / f"{name}.rc").read_text().strip() == "0", (hold_b / f"{name}.log").read_text()[-2000:]
+        assert '"guided_loss"' in (hold_b / "dual_ar_guided" / "dual_ar_log.jsonl").read_text()
+        assert '"guided_loss"' not in (hold_b / "dual_ar" / "dual_ar_log.jsonl").read_text()
         _run("collect", "--work", str(hold_b), "--out", str(tmp_path / "out"))
         back = sorted(p.name for p in (tmp_path / "out").iterdir())
-        assert {"dual_ar__dual_ar_resume.safetensors", "gan__codec_resume.safetensors", "small.tar.gz"} <= set(back)
+        assert {"dual_ar__dual_ar_resume.safetensors", "dual_ar_guided__dual_ar_resume.safetensors",
+                "gan__codec_resume.safetensors", "small.tar.gz"} <= set(back)  # fmt: skip
+        assert "codec__codec_resume.safetensors" not in back and "carried_codes.npz" not in back  # carried in
         assert len(back) <= 8
     finally:  # the daemons outlive their starter by design: end them with the test
         _kill_processes_mentioning(str(tmp_path))
