@@ -6,7 +6,7 @@ bottleneck. This bench reproduces that host on any CPU. Everything real stays re
 protocol, the segmenter, the engine's worker thread and scheduler, audio encoding, and `fishgate ttfa` clients in
 their own process — and only the device work is replaced by sleeps of the H200's measured times (a sleep releases
 the GIL, as a CUDA synchronize does): the decode step per batch bucket, each vocoder call by rows × frames, and
-prefill per token. Frames are random semantic codes (the end token never comes, as in the GPU runs), audio is
+prefill per call and token, and first-frame sampling per call. Frames are random semantic codes (the end token never comes, as in the GPU runs), audio is
 silence of the right length, and the embedded default model supplies tokenizer and prompt shapes.
 
 If this server saturates far below what its stand-in device could carry, the ceiling is host work, and it can be
@@ -46,9 +46,13 @@ from streaming.worker import WorkerLimits  # noqa: E402
 DECODE_MS = {1: 6.44, 8: 7.15, 64: 8.78, 256: 15.61, 1024: 44.22}
 # ... and a vocoder call ≈ base + per frame × rows × frames (fit to run 1: 1×8 2.65, 8×24 10.81, 64×24 78.7 ms)
 VOCODER_BASE_MS, VOCODER_FRAME_MS = 2.3, 0.0495
-# eager prefill was not timed on its own: 8 ms a call + 20 µs a token is an assumption (one call prefills the
-# chunks of several prompts since the batched prefill)
-PREFILL_BASE_MS, PREFILL_TOKEN_MS = 8.0, 0.02
+# eager prefill and first-frame sampling, fit to H200 run 7 (`fishgate_engine{what="prefill_seconds"}`): one
+# ~103-token prompt after a cached voice prefix cost ~120 ms a request at concurrency 1, and a burst of 64 prompts
+# 1.19 s in ~7 turns of ≤ 1,024 tokens (~170 ms a turn). Both are launch-bound eager calls (~36 µs a kernel on that
+# host), so a call costs much the same whatever it holds: 60 ms + 50 µs a token for the prefill, 50 ms for the
+# first frames. (Before run 7 this model assumed 8 ms + 20 µs a token and no first-frame cost.)
+PREFILL_BASE_MS, PREFILL_TOKEN_MS = 60.0, 0.05
+FIRST_FRAMES_MS = 50.0
 FRAME_S = 2048 / 44100
 
 
@@ -102,6 +106,7 @@ class TimedStandIn(Backend):
     def start_segments(
         self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
     ) -> np.ndarray:
+        time.sleep(FIRST_FRAMES_MS / 1e3)
         return self._frames(len(rows))
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
