@@ -61,6 +61,10 @@ def capturable_buckets(missing: list[tuple[int, int]], row_positions: Sequence[i
     return [(b, n) for b, n in missing if max(row_positions[:b], default=0) < n]
 
 
+# start_segments batches (prompts finishing in one turn) captured as graphs up to this size; larger ones run eagerly
+FIRST_FRAME_MAX_BATCH = 16
+
+
 class DecodeStepper:
     def __init__(
         self,
@@ -72,6 +76,7 @@ class DecodeStepper:
         length_buckets: list[int] | None = None,
         max_batch: int | None = None,
         fixed_batch: bool = False,
+        first_frame_scratch_row: int | None = None,
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
     ) -> None:
@@ -79,7 +84,10 @@ class DecodeStepper:
         `compile_max_batch` (default: all); each (batch, length) bucket compiles once, on its first use or capture.
         Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper.
         `fixed_batch`: every graph-captured step runs all `max_batch` rows (batch-invariant mode on a GPU, where the
-        kernels cuBLAS picks, and so a row's rounding, depend on the batch size)."""
+        kernels cuBLAS picks, and so a row's rounding, depend on the batch size).
+        `first_frame_scratch_row`: a row no stream reads while first frames are sampled; given, `start_segments` runs
+        through fixed-size buffers padded to a batch bucket (padding rows write that row only), one CUDA graph per
+        bucket where graphs are on (eager, ~1,500 kernels a call, it cost tens of ms a request on the H200)."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -112,6 +120,15 @@ class DecodeStepper:
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
+        self.first_frame_scratch_row = first_frame_scratch_row
+        self.first_frame_buckets = power_of_two_buckets(min(FIRST_FRAME_MAX_BATCH, max_batch or n_rows))
+        self._first_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        most = self.first_frame_buckets[-1]
+        dtype = model.embeddings.weight.dtype
+        self._ff_rows, self._ff_positions = zeros(most), zeros(most)  # static inputs and output of those graphs
+        self._ff_logits = zeros(most, c.vocab_size, dtype=dtype) if first_frame_scratch_row is not None else None
+        self._ff_hidden = zeros(most, c.fast_dim, dtype=dtype) if first_frame_scratch_row is not None else None
+        self._ff_out = zeros(most, width)
         # pinned host mirrors: the commit flags go up and the new frames come down without an extra sync
         pin = device.type == "cuda"
         self._commit_host = torch.zeros(n_rows, dtype=torch.bool, pin_memory=pin)
@@ -157,18 +174,71 @@ class DecodeStepper:
         sampling parameters and noise; batch-invariant layers where the model has them), so a row draws the same
         frame alone or beside others. The rows then hold that frame at their next position, an empty window, and are
         ready for decode steps. Returns frames (B, 1+nc) on the device."""
+        if self.first_frame_scratch_row is not None and len(rows) <= self.first_frame_buckets[-1]:
+            return self._start_segments_static(rows, logits, hidden, next_positions)
         index = torch.tensor(rows, device=self.device)
+        return self._first_frames(index, logits, hidden, torch.tensor(next_positions, device=self.device))
+
+    def _first_frames(
+        self, index: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The arithmetic of start_segments for rows `index` (tensors only: capturable)."""
         params = SamplingTensors(self.temperature[index], self.top_p[index], self.repetition_penalty[index])
         frames = sample_frame(
-            self.model, logits, hidden, self.model.make_fast_cache(len(rows)), params,
+            self.model, logits, hidden, self.model.make_fast_cache(index.shape[0]), params,
             self._noise(self.seed[index], self.noise_step[index], logits.shape[-1]),
         )  # fmt: skip
         self.frame[index] = frames
-        self.pos[index] = torch.tensor(next_positions, device=self.device)
+        self.pos[index] = positions
         self.window[index] = 0
         self.loop_step[index] = 0
         self.noise_step[index] += 1
         return frames
+
+    def _start_segments_static(
+        self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: list[int]
+    ) -> torch.Tensor:
+        """start_segments through the static buffers, padded to a batch bucket with the scratch row."""
+        assert self.first_frame_scratch_row is not None and self._ff_logits is not None and self._ff_hidden is not None
+        n = len(rows)
+        bucket = self.first_frame_buckets[bisect.bisect_left(self.first_frame_buckets, n)]
+        pad = [self.first_frame_scratch_row] * (bucket - n)
+        self._ff_rows[:bucket].copy_(torch.tensor(rows + pad))
+        self._ff_positions[:bucket].copy_(torch.tensor(next_positions + [0] * len(pad)))
+        self._ff_logits[:n].copy_(logits)
+        self._ff_hidden[:n].copy_(hidden)
+        if self.use_cuda_graphs:
+            graph = self._first_graphs.get(bucket)
+            if graph is None:
+                graph = self._capture_first_frames(bucket)
+            graph.replay()
+        else:
+            self._run_first_frames(bucket)
+        return self._ff_out[:n].clone()
+
+    def _run_first_frames(self, bucket: int) -> None:
+        assert self._ff_logits is not None and self._ff_hidden is not None
+        rows, positions = self._ff_rows[:bucket], self._ff_positions[:bucket]
+        self._ff_out[:bucket] = self._first_frames(rows, self._ff_logits[:bucket], self._ff_hidden[:bucket], positions)
+
+    @torch.inference_mode()
+    def _capture_first_frames(self, bucket: int) -> torch.cuda.CUDAGraph:
+        """Capture the first-frame sample for one batch bucket; warm-up runs write the scratch row only."""
+        assert self.first_frame_scratch_row is not None
+        rows = self._ff_rows[:bucket].clone()
+        self._ff_rows[:bucket].fill_(self.first_frame_scratch_row)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run_first_frames(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._run_first_frames(bucket)
+        self._ff_rows[:bucket].copy_(rows)
+        self._first_graphs[bucket] = graph
+        return graph
 
     def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> torch.Tensor:
         """`start_segments` for one row: logits (vocab,), hidden (fast_dim,) → its frame (1+nc,)."""
@@ -183,10 +253,13 @@ class DecodeStepper:
             t[dst] = t[src]
 
     def swap_rows(self, a: int, b: int, length_a: int, length_b: int, spare: int) -> None:
-        """Exchange two rows through a free `spare` row."""
+        """Exchange two rows through a free `spare` row, which is left at position 0: the spare can be a padding row
+        of a decode step (a batch bucket that reaches it), which writes K/V at its position and must stay inside the
+        step's attention length (the engine's host mirror of the spare's position is 0)."""
         self.move_row(a, spare, length_a)
         self.move_row(b, a, length_b)
         self.move_row(spare, b, length_a)
+        self.pos[spare] = 0
 
     def _row_tensors(self) -> list[torch.Tensor]:
         return [
@@ -292,6 +365,10 @@ class DecodeStepper:
             for b, n in self.missing_graphs():
                 if max_batch is None or b <= max_batch:
                     self.capture(b, n)
+            if self.first_frame_scratch_row is not None:  # a few small graphs: all of them up front
+                for b in self.first_frame_buckets:
+                    if b not in self._first_graphs:
+                        self._capture_first_frames(b)
         return len(self._graphs)
 
     def missing_graphs(self) -> list[tuple[int, int]]:

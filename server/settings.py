@@ -37,6 +37,11 @@ class Settings:
         metadata={"help": "GPU: capture decode graphs only up to this batch bucket before reporting ready (faster cold "
                   "start); the rest are captured while the engine is idle, or on first use (default: all)"},
     )  # fmt: skip
+    graph_first_frames: str = field(
+        default="off",
+        metadata={"help": "on | off: GPU: sample the first frame of each segment through CUDA graphs (eager, it costs "
+                  "tens of ms per request; new: its GPU equivalence test and benchmark have not run yet)"},
+    )  # fmt: skip
     api_key: tuple[str, ...] = field(
         default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}
     )
@@ -107,6 +112,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-sessions must be at least 1")
     if settings.batch_invariant not in ("auto", "on", "off"):
         raise SystemExit("fishgate: --batch-invariant must be auto, on or off")
+    if settings.graph_first_frames not in ("on", "off"):
+        raise SystemExit("fishgate: --graph-first-frames must be on or off")
     if settings.graphs_up_front is not None and settings.graphs_up_front < 1:
         raise SystemExit("fishgate: --graphs-up-front must be at least 1 (leave it out to capture every graph)")
     return settings

@@ -67,6 +67,9 @@ class BackendConfig:
     # decode graphs captured before the engine reports ready: all (None), or only batch buckets ≤ this; the rest
     # are captured by the worker when it is idle (one ~0.25 s graph at a time), or on first use
     graphs_up_front: int | None = None
+    # GPU: first frames of segments sampled through one CUDA graph per batch bucket (padding rows use the swap
+    # spare row); off until its GPU test and benchmark have run (tests/model/test_gpu.py, bench/NOTES.md)
+    graph_first_frames: bool = False
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
     cpu_threads: int | None = 1
@@ -123,6 +126,7 @@ class Backend:
             use_cuda_graphs=config.cuda_graphs,
             length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
             fixed_batch=invariant,
+            first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         graphs = self.device.type == "cuda" and config.cuda_graphs

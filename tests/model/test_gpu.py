@@ -141,3 +141,21 @@ def test_batched_prefill_on_gpu_matches_row_by_row() -> None:
             assert (logits[b].float() - ref).norm() <= rel * ref.norm(), (dtype, row)
             k_ref = single.k[:, row, :, : p.shape[1]].float()
             assert (batched.k[:, row, :, : p.shape[1]].float() - k_ref).norm() <= rel * k_ref.norm(), (dtype, row)
+
+
+@torch.no_grad()
+def test_first_frame_graphs_equal_the_same_buckets_eager() -> None:
+    """start_segments through a captured graph per batch bucket == the same padded buckets run eagerly (frames and
+    every real row's state), in bf16 and fp32; padding writes the scratch row only."""
+    from tests.model.test_stepper import first_frames
+
+    for dtype in (torch.bfloat16, torch.float32):
+        model = cuda_model("gqa_fast_project", dtype)
+        for rows in ([1], [2, 0, 4], [0, 1, 2, 3, 4, 5]):
+            kwargs = {"max_batch": 7, "max_seq_len": 128, "length_buckets": [64], "first_frame_scratch_row": 7}
+            eager = DecodeStepper(model, 8, **kwargs)
+            graphed = DecodeStepper(model, 8, use_cuda_graphs=True, **kwargs)
+            assert torch.equal(first_frames(eager, rows), first_frames(graphed, rows))
+            assert len(graphed._first_graphs) == 1 and not eager._first_graphs
+            for t_eager, t_graphed in zip(eager._row_tensors(), graphed._row_tensors(), strict=True):
+                assert torch.equal(t_eager[:7], t_graphed[:7])

@@ -98,6 +98,7 @@ def test_move_and_swap_rows_carry_the_whole_stream() -> None:
     for k in range(7):
         if k == 3:  # move mid-stream: row 2 → row 0 through swap with an occupied row 0
             stepper.swap_rows(2, 0, int(stepper.pos[2]), 0, spare=3)
+            assert int(stepper.pos[3]) == 0  # the spare may pad a later step: left where its mirror says
         row = 0 if k >= 3 else 2
         stepper.commit.zero_()
         stepper.commit[row] = True
@@ -186,6 +187,40 @@ def test_first_frames_sampled_together_equal_one_at_a_time() -> None:
     assert torch.equal(frames, torch.stack(expected))
     for t_one, t_together in zip(one._row_tensors(), together._row_tensors(), strict=True):
         assert torch.equal(t_one, t_together)
+
+
+def first_frames(stepper: DecodeStepper, rows: list[int]) -> torch.Tensor:
+    """Prefill `rows` with different prompts and samplings, then sample their first frames in one call."""
+    settings = [RowSampling(0.7, 0.7, 1.2, 5), RowSampling(1.0, 0.9, 1.0, 6), RowSampling(0.0, 0.5, 1.1, 7)]
+    outputs, ends = [], []
+    for k, row in enumerate(rows):
+        stepper.set_sampling(row, settings[k % 3])
+        stepper.set_noise_step(row, 3 + k)
+        prompt = random_sequence(stepper.model, 8 + 5 * k, seed=60 + k)
+        outputs.append(stepper.prefill(row, prompt, 0))
+        ends.append(prompt.shape[1])
+    logits = torch.stack([lg for lg, _ in outputs])
+    hidden = torch.stack([h for _, h in outputs])
+    return stepper.start_segments(rows, logits, hidden, ends)
+
+
+def test_first_frames_through_padded_static_buffers_equal_the_plain_call() -> None:
+    """first_frame_scratch_row: start_segments runs through fixed buffers padded to a batch bucket (what the GPU
+    captures as a graph); the frames and every real row's state equal the plain call's, padding touches only the
+    scratch row, and a batch beyond the largest bucket falls back to the plain call."""
+    model = make_model("gqa_fast_project")
+    model.set_batch_invariant(True)
+    for rows in ([1], [2, 0, 4], [0, 1, 2, 3, 4, 5]):
+        plain = DecodeStepper(model, 8, max_batch=7)
+        static = DecodeStepper(model, 8, max_batch=7, first_frame_scratch_row=7)
+        assert static.first_frame_buckets == [1, 2, 4, 7]
+        expected, got = first_frames(plain, rows), first_frames(static, rows)
+        assert torch.equal(expected, got)
+        for t_plain, t_static in zip(plain._row_tensors(), static._row_tensors(), strict=True):
+            assert torch.equal(t_plain[:7], t_static[:7])  # row 7 is the scratch row
+    big = DecodeStepper(model, 24, max_batch=23, first_frame_scratch_row=23)
+    assert big.first_frame_buckets[-1] == 16
+    assert torch.equal(first_frames(big, list(range(17))), first_frames(DecodeStepper(model, 24), list(range(17))))
 
 
 def test_without_static_shapes_a_step_runs_exactly_the_rows_asked_for() -> None:
