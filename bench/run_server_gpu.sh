@@ -6,6 +6,7 @@
 #   bash bench/run_server_gpu.sh          (results under $OUT)
 #   WAVES=3 RAMP_S=9 LEVELS="128 256 384" LEVEL_TIMEOUT_S=240 bash bench/run_server_gpu.sh   (a steady load: each
 #   client sends 3 requests one after another, first requests spread over 9 s — see docs/BENCHMARKS.md "Steady load")
+#   SERVE_ARGS="--graph-first-frames on" bash bench/run_server_gpu.sh   (extra `fishgate serve` flags)
 set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
@@ -30,7 +31,7 @@ PY
 stamp "serve"
 python3 -m server.cli serve --checkpoint /tmp/ckpt --references-dir /tmp/refs --device cuda \
   --max-sessions "${MAX_SESSIONS:-512}" --max-seq-len "${MAX_SEQ_LEN:-4096}" --rate-limit-per-min 1000000 \
-  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} --log-level warning > "$OUT/server.log" 2>&1 &
+  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} ${SERVE_ARGS:-} --log-level warning > "$OUT/server.log" 2>&1 &
 SERVER=$!
 for i in $(seq 1 300); do
   curl -sf localhost:7860/readyz >/dev/null && break
