@@ -19,6 +19,7 @@ from streaming.session import SynthesisSettings, Voice
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
 from tests.streaming.engine_helpers import (
     NeverEnding,
+    Utterance,
     collect,
     fixture_checkpoint,
     running_engine,
@@ -53,6 +54,17 @@ def test_streamed_audio_equals_offline_decode_across_segment_seams() -> None:
     assert np.abs(utt.pcm - offline).max() <= 1e-4  # seam included: one continuous decoder state
 
 
+async def seeded_beside_others(engine: Engine, texts: list[str]) -> tuple[Utterance, list[Utterance]]:
+    """The seeded session (SETTINGS, TEXTS) started after unseeded others speaking `texts`; (its utterance, theirs)."""
+    others = [engine.open_session(Voice(), SynthesisSettings(seed=i, temperature=1.0)) for i in range(len(texts))]
+    for o, text in zip(others, texts, strict=True):
+        o.speak(text)
+        o.end_utterance()
+    target = asyncio.create_task(speak(engine.open_session(Voice(), SETTINGS), *TEXTS))
+    rest = await asyncio.gather(*(collect(o) for o in others))
+    return await target, rest
+
+
 def test_seeded_stream_is_identical_alone_and_under_load() -> None:
     """Bitwise: a seeded session gives the same codes and PCM alone and beside other sessions (other buckets)."""
 
@@ -63,14 +75,8 @@ def test_seeded_stream_is_identical_alone_and_under_load() -> None:
 
     async def loaded():
         with running_engine(max_sessions=8) as engine:
-            others = [engine.open_session(Voice(), SynthesisSettings(seed=i, temperature=1.0)) for i in range(4)]
-            for i, o in enumerate(others):
-                o.speak(f"Other speaker number {i} says something rather long, to overlap.")
-                o.end_utterance()
-            s = engine.open_session(Voice(), SETTINGS)
-            target = asyncio.create_task(speak(s, *TEXTS))
-            rest = await asyncio.gather(*(collect(o) for o in others))
-            return await target, rest
+            others = [f"Other speaker number {i} says something rather long, to overlap." for i in range(4)]
+            return await seeded_beside_others(engine, others)
 
     solo = asyncio.run(alone())
     busy, rest = asyncio.run(loaded())
@@ -94,14 +100,7 @@ def test_first_frames_through_static_buffers_change_nothing_under_load() -> None
     async def loaded():
         with running_engine(max_sessions=6, backend_factory=static_first_frames) as engine:
             assert engine._worker.b.stepper.first_frame_scratch_row == 6  # the swap spare of 6 sessions
-            others = [engine.open_session(Voice(), SynthesisSettings(seed=i, temperature=1.0)) for i in range(4)]
-            for i, o in enumerate(others):
-                o.speak(f"Speaker {i} " + "says a little. " * (i + 1))
-                o.end_utterance()
-            s = engine.open_session(Voice(), SETTINGS)
-            target = asyncio.create_task(speak(s, *TEXTS))
-            rest = await asyncio.gather(*(collect(o) for o in others))
-            return await target, rest
+            return await seeded_beside_others(engine, [f"Speaker {i} " + "says a little. " * (i + 1) for i in range(4)])
 
     solo = asyncio.run(alone())
     busy, rest = asyncio.run(loaded())
