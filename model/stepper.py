@@ -126,8 +126,8 @@ class DecodeStepper:
         most = self.first_frame_buckets[-1]
         dtype = model.embeddings.weight.dtype
         self._ff_rows, self._ff_positions = zeros(most), zeros(most)  # static inputs and output of those graphs
-        self._ff_logits = zeros(most, c.vocab_size, dtype=dtype) if first_frame_scratch_row is not None else None
-        self._ff_hidden = zeros(most, c.fast_dim, dtype=dtype) if first_frame_scratch_row is not None else None
+        self._ff_logits = zeros(most, c.vocab_size, dtype=dtype)  # ≤ 16 rows: 3.3 MB for the official vocab in bf16
+        self._ff_hidden = zeros(most, c.fast_dim, dtype=dtype)
         self._ff_out = zeros(most, width)
         # pinned host mirrors: the commit flags go up and the new frames come down without an extra sync
         pin = device.type == "cuda"
@@ -199,7 +199,7 @@ class DecodeStepper:
         self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: list[int]
     ) -> torch.Tensor:
         """start_segments through the static buffers, padded to a batch bucket with the scratch row."""
-        assert self.first_frame_scratch_row is not None and self._ff_logits is not None and self._ff_hidden is not None
+        assert self.first_frame_scratch_row is not None
         n = len(rows)
         bucket = self.first_frame_buckets[bisect.bisect_left(self.first_frame_buckets, n)]
         pad = [self.first_frame_scratch_row] * (bucket - n)
@@ -217,7 +217,6 @@ class DecodeStepper:
         return self._ff_out[:n].clone()
 
     def _run_first_frames(self, bucket: int) -> None:
-        assert self._ff_logits is not None and self._ff_hidden is not None
         rows, positions = self._ff_rows[:bucket], self._ff_positions[:bucket]
         self._ff_out[:bucket] = self._first_frames(rows, self._ff_logits[:bucket], self._ff_hidden[:bucket], positions)
 
@@ -227,15 +226,7 @@ class DecodeStepper:
         assert self.first_frame_scratch_row is not None
         rows = self._ff_rows[:bucket].clone()
         self._ff_rows[:bucket].fill_(self.first_frame_scratch_row)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run_first_frames(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._run_first_frames(bucket)
+        graph = self._record(lambda: self._run_first_frames(bucket))
         self._ff_rows[:bucket].copy_(rows)
         self._first_graphs[bucket] = graph
         return graph
@@ -343,19 +334,25 @@ class DecodeStepper:
         saved = [t.clone() for t in self._row_tensors()]
         commit = self.commit.clone()
         self.commit.zero_()  # warm-up and capture runs must not advance anything
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # the first run also compiles, when compiling
-                self._run_step(bucket, attn_len)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._run_step(bucket, attn_len)
+        graph = self._record(lambda: self._run_step(bucket, attn_len))
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)
         self._graphs[(bucket, attn_len)] = graph
+        return graph
+
+    def _record(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """`run` twice on a side stream (warm-up; the first run also compiles, when compiling), then captured into
+        a graph in the stepper's memory pool. The warm-up runs execute: the caller makes them harmless."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            run()
         return graph
 
     def capture_all(self, max_batch: int | None = None) -> int:
