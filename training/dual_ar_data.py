@@ -92,6 +92,7 @@ class SequenceBuilder:
         self.tokenizer = tokenizer
         self.num_codebooks = num_codebooks
         self.prompts = PromptBuilder(tokenizer, num_codebooks)
+        self._text_start = len(tokenizer.encode_with_specials(USER_TURN_START))  # where a segment's text begins
 
     def frames(self, codes: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Codes (rows, T) → generated frames (1+nc, T+1): semantic token + codes, then the `<|im_end|>` frame."""
@@ -104,13 +105,12 @@ class SequenceBuilder:
         out[0, -1] = self.tokenizer.im_end_id
         return out
 
-    def span(self, text: str, n_frames: int, offset: int = 0) -> Span:
-        """The Span of `utterance(text, codes of n_frames)` placed at `offset`: the user turn's text follows
-        `<|im_start|>user\n`, the frames follow the whole prompt."""
-        start = len(self.tokenizer.encode_with_specials(USER_TURN_START))
-        end = start + len(self.tokenizer.encode(clean_text(text)))
-        frames = self.prompts.target(text).shape[1]
-        return offset + start, offset + end, offset + frames, offset + frames + n_frames
+    def span(self, text: str, utterance: torch.Tensor, n_frames: int, offset: int = 0) -> Span:
+        """The Span of `utterance` (= self.utterance(text, codes of n_frames)[0]) placed at `offset`: the user turn's
+        text follows `<|im_start|>user\n`; the frames come last but for the closing `<|im_end|>` frame."""
+        text_end = self._text_start + len(self.tokenizer.encode(clean_text(text)))
+        frames_end = utterance.shape[1] - 1
+        return offset + self._text_start, offset + text_end, offset + frames_end - n_frames, offset + frames_end
 
     def utterance(self, text: str, codes: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         prompt = self.prompts.target(text).to(torch.int64)
@@ -136,7 +136,7 @@ class SequenceBuilder:
             targets.append(torch.zeros(prefix.shape[1], dtype=torch.bool))
         for h_text, h_codes in (*history, (text, codes)):
             tok, tgt = self.utterance(h_text, h_codes)
-            spans.append(self.span(h_text, np.asarray(h_codes).shape[1], sum(p.shape[1] for p in parts)))
+            spans.append(self.span(h_text, tok, np.asarray(h_codes).shape[1], sum(p.shape[1] for p in parts)))
             parts.append(tok)
             targets.append(tgt)
         return Example(torch.cat(parts, dim=1), torch.cat(targets), tuple(spans))
@@ -166,7 +166,7 @@ class ExampleFactory:
 
     def span(self, i: int, offset: int) -> Span:
         if i not in self._spans:
-            self._spans[i] = self.builder.span(self.pack.texts[i], self.pack.codes[i].shape[1])
+            self._spans[i] = self.builder.span(self.pack.texts[i], self.utterance(i)[0], self.pack.codes[i].shape[1])
         text_start, text_end, frames_start, frames_end = self._spans[i]
         return text_start + offset, text_end + offset, frames_start + offset, frames_end + offset
 
