@@ -328,15 +328,11 @@ RETURNED = [
     "dual_ar/dual_ar_samples.npz", "gan/codec_resume.safetensors", "gan/codec_log.jsonl", "gan/codec_sample.wav",
     "DONE", "FAILED",
 ]  # fmt: skip
-# Returned as files of their own (≤ 6 of these: 8 files come back per call, one more is small.tar.gz).
-BIG_RETURNED = {
-    "codec/codec_resume.safetensors", "codes_live.npz", "dual_ar/dual_ar_best.safetensors",
-    "dual_ar/dual_ar_resume.safetensors", "gan/codec_resume.safetensors",
-}  # fmt: skip
 
 
 def _own_file(rel: str) -> bool:
-    """Checkpoints and code packs come back as files of their own; logs and samples go into small.tar.gz."""
+    """Checkpoints and code packs come back as files of their own (a call returns at most 8 files: a hold returns
+    ≤ 7 of these); logs and samples go into small.tar.gz."""
     name = rel.rsplit("/", 1)[-1]
     return name.endswith(("codec_resume.safetensors", "dual_ar_best.safetensors", "dual_ar_resume.safetensors")) or (
         name.startswith("codes_") and name.endswith(".npz")
@@ -362,7 +358,7 @@ def collect(work: Path, out: Path) -> None:
             continue
         if path.stat().st_size > MAX_RETURN_BYTES:
             print(f"not returned (over 16 MiB): {rel}", flush=True)
-        elif rel in BIG_RETURNED or _own_file(rel):
+        elif _own_file(rel):
             shutil.copyfile(path, out / rel.replace("/", "__"))
         else:
             small.append(rel)
