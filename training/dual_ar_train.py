@@ -44,6 +44,7 @@ from .dual_ar_data import (
     collate,
     make_batches,
 )
+from .frame_dropout import FrameDropout
 from .guided_attention import GuideConfig, HeadScores, guide_tensors, guided_loss
 from .run_log import jsonl_log
 
@@ -72,6 +73,7 @@ class DualARTrainConfig:
     # residual dropout on every attention and feed-forward output while training: run 1 (20 h, no dropout)
     # overfitted after ~40 epochs (val loss 2.93 at step 3,500, 3.13 at 5,000 while the train loss kept falling)
     dropout: float = 0.1
+    frame_dropout: float = 0.0  # fraction of input frames hidden from the slow stack (training/frame_dropout.py)
     mix: ContextMix = field(default_factory=ContextMix)
     guide: GuideConfig = field(default_factory=GuideConfig)  # guided attention on one head (off by default)
     val_fraction: float = 0.02  # of `train`, when the pack has no `val` split
@@ -193,6 +195,7 @@ def train_dual_ar(
     model = DualARTransformer(config, tokenizer.semantic_begin_id)
     init_dual_ar(model, cfg.init_std)
     add_residual_dropout(model, cfg.dropout)
+    frame_dropout = FrameDropout(model, cfg.frame_dropout)
     head_scores = HeadScores(model, cfg.guide.layer, cfg.guide.head) if cfg.guide.weight > 0 else None
     step, best_val = 0, math.inf
     meta_prev: dict[str, Any] = {}
@@ -269,7 +272,9 @@ def train_dual_ar(
             tokens, target = collate(members, tokenizer.pad_id)
             if head_scores is not None:
                 head_scores.active = True
-            loss, metrics = dual_ar_loss(model, tokens.to(device), target.to(device), tokenizer.im_end_id)
+            tokens = tokens.to(device)
+            frame_dropout.arm(tokens[:, :, :-1])  # the model input of dual_ar_loss
+            loss, metrics = dual_ar_loss(model, tokens, target.to(device), tokenizer.im_end_id)
             if head_scores is not None:
                 head_scores.active = False
                 mask, weight = guide_tensors(members, tokens.shape[2] - 1, cfg.guide.sigma, device)
@@ -343,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--dropout", type=float, default=defaults.dropout)
+    parser.add_argument(
+        "--frame-dropout", type=float, default=defaults.frame_dropout, help="input frames hidden from the slow stack"
+    )
     parser.add_argument("--total-seconds", type=float, default=defaults.total_seconds, help="LR horizon, all calls")
     parser.add_argument("--p-history", type=float, default=defaults.mix.p_history)
     parser.add_argument("--p-reference", type=float, default=defaults.mix.p_reference)
@@ -361,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dual_ar = load_resume(resume)[1].get("dual_ar_config", dual_ar)  # the resumed model's shape wins
     cfg = DualARTrainConfig(
         dual_ar=dual_ar, max_tokens=args.max_tokens, lr=args.lr, dropout=args.dropout, total_steps=args.total_steps,
-        total_seconds=args.total_seconds,
+        total_seconds=args.total_seconds, frame_dropout=args.frame_dropout,
         warmup_steps=args.warmup_steps, mix=ContextMix(args.p_history, args.p_reference), seed=args.seed,
         guide=GuideConfig(args.guided_weight, args.guided_layer, args.guided_head, args.guided_sigma),
     )  # fmt: skip
