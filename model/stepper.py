@@ -190,8 +190,8 @@ class DecodeStepper:
         )  # fmt: skip
         self.frame[index] = frames
         self.pos[index] = positions
-        self.window[index] = 0
-        self.loop_step[index] = 0
+        self.window.index_fill_(0, index, 0)
+        self.loop_step.index_fill_(0, index, 0)
         self.noise_step[index] += 1
         return frames
 
