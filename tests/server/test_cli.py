@@ -123,8 +123,8 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([]).graphs_up_front is None  # default: every decode graph before ready
     assert parse_settings(["--graphs-up-front", "8"]).graphs_up_front == 8
     assert parse_settings([], {"FISHGATE_GRAPHS_UP_FRONT": "4"}).graphs_up_front == 4
-    assert parse_settings([]).graph_first_frames == "off"
-    assert parse_settings(["--graph-first-frames", "on"]).graph_first_frames == "on"
+    assert parse_settings([]).graph_first_frames == "on"
+    assert parse_settings(["--graph-first-frames", "off"]).graph_first_frames == "off"
     with pytest.raises(SystemExit, match="graph-first-frames must be on or off"):
         parse_settings(["--graph-first-frames", "yes"])
     with pytest.raises(SystemExit, match="--graphs-up-front must be at least 1"):

@@ -88,13 +88,17 @@ def test_seeded_stream_is_identical_alone_and_under_load() -> None:
 def test_first_frames_through_static_buffers_change_nothing_under_load() -> None:
     """graph_first_frames (GPU: one CUDA graph per batch bucket; here the same padded buffers run eagerly, padding
     on the swap spare row): a seeded session beside others, with rows swapping as streams come and go, gives the
-    same codes and PCM as the default engine alone."""
+    same codes and PCM as the plain (unpadded) path alone."""
 
     def static_first_frames(config: BackendConfig) -> Backend:
         return Backend(dataclasses.replace(config, graph_first_frames=True))
 
+    def plain_first_frames(config: BackendConfig) -> Backend:
+        return Backend(dataclasses.replace(config, graph_first_frames=False))
+
     async def alone():
-        with running_engine(max_sessions=8) as engine:
+        with running_engine(max_sessions=8, backend_factory=plain_first_frames) as engine:
+            assert engine._worker.b.stepper.first_frame_scratch_row is None
             return await speak(engine.open_session(Voice(), SETTINGS), *TEXTS)
 
     async def loaded():
