@@ -33,6 +33,7 @@ SAMPLE_RATE_HZ = 44_100
 # A held-out sentence is ≤ 25 words: far under a minute of speech even for a slow model.
 TIMEOUT_S = 120.0
 MAX_FRAME_BYTES = 16 * 2**20
+SAMPLING_FIELDS = ("temperature", "top_p", "repetition_penalty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +56,15 @@ def read_heldout(path: Path = HELDOUT, limit: int | None = None) -> list[HeldOut
     return items[:limit] if limit is not None else items
 
 
-async def speak(url: str, text: str, *, seed: int = 0, api_key: str | None = None) -> np.ndarray:
+async def speak(
+    url: str, text: str, *, seed: int = 0, api_key: str | None = None, sampling: dict[str, float] | None = None
+) -> np.ndarray:
     """One utterance over /v1/tts/live → the int16 mono samples at 44.1 kHz as sent; GateError on an error or
-    close."""
+    close. `sampling` (temperature, top_p, repetition_penalty) goes into the request; the server's defaults else."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = {"text": "", "format": "pcm", "sample_rate": SAMPLE_RATE_HZ, "seed": seed}
+    request = {"text": "", "format": "pcm", "sample_rate": SAMPLE_RATE_HZ, "seed": seed, **(sampling or {})}
     pcm = bytearray()
     async with asyncio.timeout(TIMEOUT_S):
         async with connect(url, additional_headers=headers, max_size=MAX_FRAME_BYTES, compression=None) as ws:
@@ -82,14 +85,17 @@ async def speak(url: str, text: str, *, seed: int = 0, api_key: str | None = Non
     return np.frombuffer(bytes(pcm), dtype="<i2")
 
 
-def synthesize_all(url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None) -> list[Path]:
+def synthesize_all(
+    url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None,
+    sampling: dict[str, float] | None = None,
+) -> list[Path]:  # fmt: skip
     """Speak every item (one at a time: the gate measures quality, not load) into out_dir/<id>.wav."""
     out_dir.mkdir(parents=True, exist_ok=True)
 
     async def run() -> list[Path]:
         paths = []
         for item in items:
-            audio = await speak(url, item.text, api_key=api_key)
+            audio = await speak(url, item.text, api_key=api_key, sampling=sampling)
             if audio.size == 0:
                 raise GateError(f"{item.id}: the server sent no audio")
             path = out_dir / f"{item.id}.wav"
@@ -101,9 +107,10 @@ def synthesize_all(url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key
 
 
 def run_gate(
-    url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None, whisper: object | None = None
-) -> WerReport:
-    paths = synthesize_all(url, items, out_dir, api_key=api_key)
+    url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None, whisper: object | None = None,
+    sampling: dict[str, float] | None = None,
+) -> WerReport:  # fmt: skip
+    paths = synthesize_all(url, items, out_dir, api_key=api_key, sampling=sampling)
     model = whisper if whisper is not None else load_whisper()
     return evaluate(model, [(item.id, path, item.norm) for item, path in zip(items, paths, strict=True)])
 
@@ -120,9 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--out", type=Path, default=Path("build/wer_gate"))
     parser.add_argument("--require", choices=("none", "pass", "target"), default="none")
+    for name in SAMPLING_FIELDS:
+        parser.add_argument("--" + name.replace("_", "-"), type=float, help="sent in each request (else the server's)")
     args = parser.parse_args(argv)
     items = read_heldout(args.items, args.limit)
-    report = run_gate(args.url, items, args.out, api_key=args.api_key)
+    sampling = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
+    report = run_gate(args.url, items, args.out, api_key=args.api_key, sampling=sampling)
     (args.out / "report.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
     summary = {
         "clips": report.clips, "ref_words": report.ref_words, "wer": round(report.wer, 4),
