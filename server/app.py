@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -103,7 +104,11 @@ async def healthz(request: Request) -> JSONResponse:
     }
     if info is not None:
         body.update(
-            device=info.device, dtype=info.dtype, sample_rate=info.sample_rate_hz, max_sessions=gw.engine.capacity
+            device=info.device,
+            dtype=info.dtype,
+            sample_rate=info.sample_rate_hz,
+            max_sessions=gw.engine.capacity,
+            sampling=dataclasses.asdict(info.sampling),  # what a request naming no sampling value gets
         )
     if info is not None and info.untrained:
         body["warning"] = "the embedded default model has random weights: its output is noise; use --checkpoint"

@@ -216,9 +216,9 @@ def _add_synth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (same seed = same audio as streaming)")
     p.add_argument("--voice-audio", type=Path, default=None, help="reference recording to clone (WAV/FLAC/MP3/Ogg)")
     p.add_argument("--voice-text", default=None, help="transcript of --voice-audio")
-    p.add_argument("--temperature", type=float, default=0.7, help="[default 0.7; 0 = greedy]")
-    p.add_argument("--top-p", type=float, default=0.7, help="[default 0.7]")
-    p.add_argument("--repetition-penalty", type=float, default=1.2, help="[default 1.2]")
+    p.add_argument("--temperature", type=float, default=None, help="[default: the model's, else 0.7; 0 = greedy]")
+    p.add_argument("--top-p", type=float, default=None, help="[default: the model's, else 0.7]")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="[default: the model's, else 1.2]")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="frames per text segment [default 1024]")
     p.add_argument("--chunk-length", type=int, default=200, help="characters per text segment [default 200]")
     p.add_argument("--latency", default="balanced", choices=("low", "balanced", "normal"), help="[default balanced]")
@@ -242,9 +242,9 @@ def synth(args: argparse.Namespace) -> int:
         "normalize": not args.no_normalize,
     }  # fmt: skip
     try:  # the live endpoint's own validation and defaults, so both paths build identical settings
-        params = parse_tts_request(request, max_text_chars=len(args.text) + 1)
+        parse_tts_request(request, max_text_chars=len(args.text) + 1)  # bad values fail before the model loads
         voice_audio = args.voice_audio.read_bytes() if args.voice_audio is not None else None
-        pcm, rate_hz = asyncio.run(_synthesize(args, params, voice_audio))
+        pcm, rate_hz = asyncio.run(_synthesize(args, request, voice_audio))
     except (FishgateError, ValueError, OSError, RuntimeError) as e:
         print(f"fishgate synth: {e}", file=sys.stderr)
         return 2
@@ -256,21 +256,26 @@ def synth(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _synthesize(args: argparse.Namespace, params: Any, voice_audio: bytes | None) -> tuple[bytes, int]:
-    """Start an engine, speak the text through streaming.synth, encode as the live endpoint's pcm output does."""
+async def _synthesize(
+    args: argparse.Namespace, request: dict[str, Any], voice_audio: bytes | None
+) -> tuple[bytes, int]:
+    """Start an engine, speak the text through streaming.synth, encode as the live endpoint's pcm output does.
+    The request is parsed once the model is known: sampling values not given come from its defaults."""
     from streaming.audio_out import AudioOutput
     from streaming.backend import BackendConfig
     from streaming.engine import Engine, EngineConfig
     from streaming.session import Voice
     from streaming.synth import reference_voice, synthesize
 
-    from .params import REFERENCE_SECONDS, normalize_text
+    from .params import REFERENCE_SECONDS, normalize_text, parse_tts_request
 
     engine = Engine(EngineConfig(BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1)))
     engine.start()
     try:
         if not await asyncio.to_thread(engine.wait_ready):
             raise RuntimeError(f"the engine did not start: {engine.fault}")
+        assert engine.info is not None
+        params = parse_tts_request(request, max_text_chars=len(args.text) + 1, sampling=engine.info.sampling)
         voice = Voice()
         if voice_audio is not None:
             lo, hi = REFERENCE_SECONDS

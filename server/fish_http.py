@@ -44,7 +44,9 @@ async def tts(request: Request, gw: Gateway) -> Response:
     if req.get("format") is None:
         req["format"] = DEFAULT_FORMAT
     req["references"] = decode_references(req.get("references"), base64_text=not is_msgpack(request))
-    params = parse_tts_request(req, formats=HTTP_FORMATS, max_text_chars=gw.settings.max_text_chars)
+    params = parse_tts_request(
+        req, formats=HTTP_FORMATS, max_text_chars=gw.settings.max_text_chars, sampling=gw.sampling_defaults()
+    )
     streaming = check_bool("streaming", _or(req.get("streaming"), False))
     cache = req.get("use_memory_cache")
     if cache is not None and not isinstance(cache, bool) and cache not in MEMORY_CACHE_VALUES:

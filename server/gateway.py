@@ -19,6 +19,7 @@ from starlette.requests import HTTPConnection
 
 from streaming.engine import Engine
 from streaming.errors import FishgateError
+from streaming.sampling_defaults import FISH_SAMPLING, SamplingDefaults
 
 from .settings import Settings
 from .voices import VoiceStore
@@ -94,6 +95,10 @@ class Gateway:
     @property
     def model_name(self) -> str:
         return self.engine.info.name if self.engine.info else "loading"
+
+    def sampling_defaults(self) -> SamplingDefaults:
+        """What requests naming no sampling value get: the served model's (fishgate.json), else Fish's."""
+        return self.engine.info.sampling if self.engine.info else FISH_SAMPLING
 
     def served_model_name(self, conn: HTTPConnection) -> str:
         """Clients may name any model (Fish's `model` header, OpenAI's `model`); we report what actually serves."""

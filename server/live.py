@@ -206,7 +206,7 @@ class LiveConnection:
 
     async def _start(self, request: Any) -> None:
         gw = self.gw
-        params = parse_tts_request(request, max_text_chars=gw.settings.max_text_chars)
+        params = parse_tts_request(request, max_text_chars=gw.settings.max_text_chars, sampling=gw.sampling_defaults())
         validate_output_format(params.output)
         gw.check_rate(self.ws)
         voice = await gw.voices.resolve(params.reference_id, [(r.text, r.audio) for r in params.references])

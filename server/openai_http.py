@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 
 from streaming.audio_out import OutputFormat, validate_output_format
 from streaming.errors import UnknownVoice, ValueOutOfRange
+from streaming.sampling_defaults import FISH_SAMPLING, SamplingDefaults
 from streaming.session import Voice
 
 from .gateway import Gateway
@@ -56,7 +57,9 @@ class SpeechRequest:
     stream_format: str
 
 
-def parse_speech_request(req: Mapping[str, Any], max_text_chars: int) -> SpeechRequest:
+def parse_speech_request(
+    req: Mapping[str, Any], max_text_chars: int, sampling: SamplingDefaults = FISH_SAMPLING
+) -> SpeechRequest:
     """Validate an OpenAI speech request; ranges come from `server.params`."""
     text = check_text("input", req.get("input"), min(MAX_INPUT_CHARS, max_text_chars))
     voice = _voice_id(req.get("voice"))
@@ -67,7 +70,7 @@ def parse_speech_request(req: Mapping[str, Any], max_text_chars: int) -> SpeechR
     if model is not None and not isinstance(model, str):
         raise ValueOutOfRange(f"model must be a string (got {type(model).__name__}); any name is accepted")
     # Fish's parser supplies the defaults (sampling, segmentation) and checks `seed`; the output is OpenAI's
-    base = parse_tts_request({"seed": req.get("seed"), "format": "pcm"}, max_text_chars=1)
+    base = parse_tts_request({"seed": req.get("seed"), "format": "pcm"}, max_text_chars=1, sampling=sampling)
     rate = OPUS_SAMPLE_RATE_HZ if fmt == "opus" else SAMPLE_RATE_HZ
     output = OutputFormat(fmt, rate, None, 0.0, speed)
     validate_output_format(output, OPENAI_SPEED)  # refuses aac with the reason and the fix
@@ -89,7 +92,7 @@ def _voice_id(voice: Any) -> str:
 async def speech(request: Request, gw: Gateway) -> Response:
     started_s = time.monotonic()
     req = decode_object(request, await read_body(request, MAX_BODY_BYTES))
-    sr = parse_speech_request(req, gw.settings.max_text_chars)
+    sr = parse_speech_request(req, gw.settings.max_text_chars, gw.sampling_defaults())
     try:
         voice = await gw.voices.resolve(sr.voice, [])
     except UnknownVoice:

@@ -23,13 +23,14 @@ from streaming.audio_out import (
 )
 from streaming.chunking import Latency
 from streaming.errors import ValueOutOfRange
+from streaming.sampling_defaults import FISH_SAMPLING, SAMPLING_RANGES, SamplingDefaults
 from streaming.segmenter import SegmenterConfig
 from streaming.session import SynthesisSettings
 
 # ---- the table (docs/API.md reproduces it) -----------------------------------------------------------------------
-TEMPERATURE = (0.0, 2.0)  # 0 = greedy
-TOP_P = (0.01, 1.0)
-REPETITION_PENALTY = (0.9, 2.0)
+TEMPERATURE = SAMPLING_RANGES["temperature"]  # 0 = greedy
+TOP_P = SAMPLING_RANGES["top_p"]
+REPETITION_PENALTY = SAMPLING_RANGES["repetition_penalty"]
 MAX_NEW_TOKENS = (1, 4096)  # frames per text segment
 CHUNK_LENGTH = (100, 300)  # characters per text segment (Fish)
 MIN_CHUNK_LENGTH = (0, 100)
@@ -110,8 +111,12 @@ def _get(req: Mapping[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def parse_tts_request(req: Any, *, formats: tuple[str, ...] = LIVE_FORMATS, max_text_chars: int) -> TTSParams:
-    """Validate a Fish TTSRequest mapping (msgpack/JSON). Unknown fields are ignored (clients add fields)."""
+def parse_tts_request(
+    req: Any, *, formats: tuple[str, ...] = LIVE_FORMATS, max_text_chars: int,
+    sampling: SamplingDefaults = FISH_SAMPLING,
+) -> TTSParams:  # fmt: skip
+    """Validate a Fish TTSRequest mapping (msgpack/JSON). Unknown fields are ignored (clients add fields). Sampling
+    values the request leaves out come from `sampling` (the served model's defaults)."""
     if not isinstance(req, Mapping):
         raise ValueOutOfRange("request must be an object with TTSRequest fields (text, format, references, …)")
     text = check_text("text", _get(req, "text", ""), max_text_chars)
@@ -137,10 +142,12 @@ def parse_tts_request(req: Any, *, formats: tuple[str, ...] = LIVE_FORMATS, max_
     if seed is not None:
         check_range("seed", seed, SEED, integer=True)
     settings = SynthesisSettings(
-        temperature=float(check_range("temperature", _get(req, "temperature", 0.7), TEMPERATURE)),
-        top_p=float(check_range("top_p", _get(req, "top_p", 0.7), TOP_P)),
+        temperature=float(check_range("temperature", _get(req, "temperature", sampling.temperature), TEMPERATURE)),
+        top_p=float(check_range("top_p", _get(req, "top_p", sampling.top_p), TOP_P)),
         repetition_penalty=float(
-            check_range("repetition_penalty", _get(req, "repetition_penalty", 1.2), REPETITION_PENALTY)
+            check_range(
+                "repetition_penalty", _get(req, "repetition_penalty", sampling.repetition_penalty), REPETITION_PENALTY
+            )
         ),
         max_new_tokens=check_range("max_new_tokens", _get(req, "max_new_tokens", 1024), MAX_NEW_TOKENS, integer=True),
         seed=seed,

@@ -30,6 +30,8 @@ from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
+from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
+
 log = logging.getLogger(__name__)
 
 # Re-exported for the rest of streaming/, so that this module stays its only door into model/.
@@ -87,6 +89,7 @@ class ModelInfo:
     max_seq_len: int
     device: str
     dtype: str
+    sampling: SamplingDefaults = FISH_SAMPLING  # what requests naming no sampling value get
 
 
 class Backend:
@@ -155,6 +158,7 @@ class Backend:
             max_seq_len=self.max_seq_len,
             device=str(self.device),
             dtype=str(dtype).removeprefix("torch."),
+            sampling=SamplingDefaults.from_metadata(meta.get("sampling"), str(folder / METADATA_FILE)),
         )
         log.info(
             "loaded %s from %s on %s (%s) in %.2f s%s",

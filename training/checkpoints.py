@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--frames-per-char-margin", type=float, default=2.0, help="× the corpus maximum")
     ex.add_argument("--text-normalizer", default="english", help="what the DualAR was trained on ('none': raw text)")
     ex.add_argument("--text", default="Hello! This is the default voice of fishgate, speaking on a small CPU.")
+    for name in ("temperature", "top_p", "repetition_penalty"):
+        ex.add_argument("--" + name.replace("_", "-"), type=float, help="the folder's default (fishgate.json)")
     vo = sub.add_parser("vocode", help="dual_ar_samples.npz → WAV files with the codec")
     vo.add_argument("--codec", type=Path, required=True)
     vo.add_argument("--samples", type=Path, required=True)
@@ -284,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     ar_parts, ar_meta = load_resume(args.dual_ar)
     codec_parts, codec_meta = load_resume(args.codec)
     fpc = float(ar_meta.get("max_frames_per_char") or 2.0) * args.frames_per_char_margin
+    names = ("temperature", "top_p", "repetition_penalty")
+    sampling = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     exported = export_model_folder(
         args.out, dual_ar_state=ar_parts["model"], dual_ar_config=ar_meta["dual_ar_config"],
         codec_state=codec_parts["gen"], codec_config=codec_meta["codec_config"], name=args.name, dtype=args.dtype,
@@ -291,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         extra_metadata={
             "dual_ar_step": ar_meta.get("step"), "codec_step": codec_meta.get("step"),
             "text_normalizer": None if args.text_normalizer == "none" else args.text_normalizer,
+            **({"sampling": sampling} if sampling else {}),
         },
     )  # fmt: skip
     print(f"{exported.path}: {exported.total_bytes / 1e6:.2f} MB, DualAR {exported.dual_ar_params / 1e6:.2f} M, "

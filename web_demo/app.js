@@ -491,6 +491,10 @@ class Demo {
     try {
       const h = await getHealth();
       this.showModel(h.model, !!h.untrained_default_model);
+      if (h.sampling && !this.modelDefaultsApplied) {
+        settings.applyModelDefaults(h.sampling);
+        this.modelDefaultsApplied = true;
+      }
       const meta = [h.device, h.dtype, h.version ? `v${h.version}` : null].filter(Boolean).join(" · ");
       $("server-meta").textContent = meta;
       dot.className = `dot ${h.status !== "ok" ? "bad" : h.engine === "ready" ? "ok" : "busy"}`;

@@ -44,6 +44,18 @@ export function syncOutputs() {
   $("volume-out").textContent = `${Math.round(Number($("volume").value) * 100)} %`;
 }
 
+/** The served model's sampling defaults (/healthz `sampling`) become the sliders' defaults; a slider the last
+ *  visit saved keeps its value, the others move to the model's. */
+export function applyModelDefaults(sampling) {
+  for (const id of ["temperature", "top_p", "repetition_penalty"]) {
+    const v = Number(sampling?.[id]);
+    if (!Number.isFinite(v)) continue;
+    PARAMS[id].def = v;
+    if (!restored.has(id)) $(id).value = String(v);
+  }
+  syncOutputs();
+}
+
 export function resetParams() {
   for (const [id, spec] of Object.entries(PARAMS)) {
     if (spec.bool) $(id).checked = spec.def;
@@ -62,6 +74,9 @@ export function saveSettings() {
     // storage may be disabled; settings then last for this page only
   }
 }
+
+// parameters restored from the last visit: the served model's defaults do not overwrite them
+const restored = new Set();
 
 /** Restore the last visit's settings; returns the voice picked then (or null). */
 export function loadSettings() {
@@ -82,6 +97,7 @@ export function loadSettings() {
     if (v === undefined) continue;
     if (spec.bool) $(id).checked = !!v;
     else $(id).value = String(v);
+    restored.add(id);
   }
   if (s.mode === "all" || s.mode === "type-ahead") $("mode").value = s.mode;
   if (s.tps) $("tps").value = s.tps;

@@ -23,8 +23,8 @@ SEGMENTS = "Good morning. A second sentence here."
 RATE_HZ = 24000
 
 
-async def _live(server: ServerHandle, text: str, seed: int) -> bytes:
-    request = {"text": "", "format": "pcm", "sample_rate": RATE_HZ, "seed": seed}
+async def _live(server: ServerHandle, text: str, seed: int, **fields: float) -> bytes:
+    request = {"text": "", "format": "pcm", "sample_rate": RATE_HZ, "seed": seed, **fields}
     audio = []
     async with connect(server.ws_url, max_size=None) as ws:
         for event in ({"event": "start", "request": request}, {"event": "text", "text": text}, {"event": "stop"}):
@@ -40,8 +40,9 @@ async def _live(server: ServerHandle, text: str, seed: int) -> bytes:
     return b"".join(audio)
 
 
-def live_pcm(server: ServerHandle, text: str, seed: int) -> bytes:
-    return asyncio.run(_live(server, text, seed))
+def live_pcm(server: ServerHandle, text: str, seed: int, **fields: float) -> bytes:
+    """One utterance over /v1/tts/live; `fields` go into the request (temperature=…)."""
+    return asyncio.run(_live(server, text, seed, **fields))
 
 
 def fish_pcm(server: ServerHandle, text: str, seed: int) -> bytes:

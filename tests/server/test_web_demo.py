@@ -240,3 +240,29 @@ def normalize_voices(response: httpx.Response) -> list[dict]:
     if isinstance(body, dict):
         body = next((body[k] for k in ("references", "voices", "items", "data") if k in body), [])
     return [{"id": v} if isinstance(v, str) else v for v in body]
+
+
+@pytest.fixture(scope="module")
+def greedy_server(tmp_path_factory) -> Iterator[ServerHandle]:
+    from tests.server.conftest import start_server
+    from tests.server.test_model_sampling_defaults import greedy_folder
+
+    tmp = tmp_path_factory.mktemp("greedy-demo")
+    with start_server(tmp, checkpoint=greedy_folder(tmp)) as handle:
+        yield handle
+
+
+def test_sliders_start_at_the_served_models_sampling_defaults(greedy_server: ServerHandle, browser_context) -> None:
+    """A model folder declaring `sampling` (here temperature 0) moves the page's sliders there, unless the last visit
+    saved its own value."""
+    page, console = open_page(browser_context, greedy_server.base_url + "/")
+    page.wait_for_function("document.getElementById('temperature').value === '0'")
+    assert page.locator("#temperature + output").inner_text() == "0.00"
+    assert page.locator("#top_p").input_value() == "0.7"  # the model declares no top-p: Fish's default
+    page.evaluate("""localStorage.setItem('fishgate.demo.v1', JSON.stringify({params: {temperature: 0.9}}))""")
+    page.reload()
+    # the health poll names the model and applies its defaults in one step: once the name shows, they are applied
+    page.wait_for_function("document.getElementById('model-name').textContent.startsWith('fishgate')")
+    assert page.locator("#temperature").input_value() == "0.9"
+    assert not console.errors, console.errors
+    page.close()

@@ -1,0 +1,47 @@
+"""What a request that names no sampling value gets, and the ranges every sampling value must fall in.
+
+Fish's defaults (temperature 0.7, top-p 0.7, repetition penalty 1.2) suit the official weights. A model folder can
+declare its own in `fishgate.json` (`"sampling": {"temperature": 0.4}`): the small embedded default voice reads
+more words correctly at a lower temperature (issue 6's gate, training/MODEL_CARD.md). A request's own values always
+win; the server validates them against the same ranges (server/params.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),  # 0 = greedy
+    "top_p": (0.01, 1.0),
+    "repetition_penalty": (0.9, 2.0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    temperature: float = 0.7
+    top_p: float = 0.7
+    repetition_penalty: float = 1.2
+
+    @classmethod
+    def from_metadata(cls, raw: Any, source: str) -> SamplingDefaults:
+        """fishgate.json's `sampling` object (absent: Fish's defaults); ValueError naming the field and its range."""
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ValueError(f"{source}: 'sampling' must be an object such as {{\"temperature\": 0.4}}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown sampling field(s) {unknown}; known: {sorted(known)}")
+        for name, value in raw.items():
+            lo, hi = SAMPLING_RANGES[name]
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or not lo <= value <= hi:
+                raise ValueError(f"{source}: sampling.{name} must be a number in [{lo}, {hi}] (got {value!r})")
+        return cls(**{name: float(value) for name, value in raw.items()})
+
+
+FISH_SAMPLING = SamplingDefaults()  # upstream's defaults, for models that declare none

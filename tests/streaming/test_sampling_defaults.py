@@ -1,0 +1,33 @@
+"""fishgate.json's `sampling`: absent means Fish's defaults; given fields override them; anything else is refused
+with the field, its range and the file named."""
+
+from __future__ import annotations
+
+import pytest
+
+from streaming.sampling_defaults import FISH_SAMPLING, SAMPLING_RANGES, SamplingDefaults
+
+
+def test_absent_means_fish_defaults_and_given_fields_override() -> None:
+    assert SamplingDefaults.from_metadata(None, "f.json") == FISH_SAMPLING == SamplingDefaults(0.7, 0.7, 1.2)
+    got = SamplingDefaults.from_metadata({"temperature": 0.4, "top_p": 1}, "f.json")
+    assert got == SamplingDefaults(temperature=0.4, top_p=1.0, repetition_penalty=1.2)
+    assert isinstance(got.top_p, float)
+    assert set(SAMPLING_RANGES) == {"temperature", "top_p", "repetition_penalty"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ([0.4], r"f\.json: 'sampling' must be an object"),
+        ({"temp": 0.4}, r"unknown sampling field\(s\) \['temp'\]"),
+        ({"temperature": 2.5}, r"sampling\.temperature must be a number in \[0\.0, 2\.0\] \(got 2\.5\)"),
+        ({"top_p": 0}, r"sampling\.top_p must be a number in \[0\.01, 1\.0\]"),
+        ({"repetition_penalty": "1.2"}, r"sampling\.repetition_penalty must be a number"),
+        ({"temperature": True}, r"sampling\.temperature must be a number"),
+        ({"temperature": float("nan")}, r"sampling\.temperature must be a number"),
+    ],
+)
+def test_bad_values_are_refused_with_the_field_and_the_file(raw: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingDefaults.from_metadata(raw, "f.json")
