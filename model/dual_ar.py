@@ -190,13 +190,28 @@ class DualARTransformer(nn.Module):
             tokens[b, :, :n] = prompt
             positions[b, :n] = torch.arange(start, start + n)
             positions[b, n:] = start + n
-        attn_len = max(ends) + 1
         index = torch.tensor(rows, device=cache.k.device)
-        scratch = cache.gather(index, attn_len)
-        x = self._slow_cached(tokens, scratch, 0, positions.to(device), attn_len)
-        cache.scatter(scratch, index, attn_len)
-        last = x[torch.arange(len(prompts), device=device), torch.tensor(lengths, device=device) - 1]
-        return self.token_logits(last), self.fast_project_in(last)
+        last = torch.tensor(lengths, device=device) - 1
+        return self.prefill_rows(tokens, cache, index, positions.to(device), last, max(ends) + 1)
+
+    def prefill_rows(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        last: torch.Tensor,
+        attn_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pass of `prefill_many` on tensors only (no host work, so a CUDA graph can capture it): tokens
+        (B, 1+nc, T) at positions (B, T) into cache rows `rows` (B,), attending over [0, attn_len), which must exceed
+        every position. Returns the slow logits (B, vocab) and fast input hidden (B, fast_dim) at each row's token
+        index `last` (B,)."""
+        scratch = cache.gather(rows, attn_len)
+        x = self._slow_cached(tokens, scratch, 0, positions, attn_len)
+        cache.scatter(scratch, rows, attn_len)
+        x = x[torch.arange(tokens.shape[0], device=tokens.device), last]
+        return self.token_logits(x), self.fast_project_in(x)
 
     def decode_slow(
         self, frames: torch.Tensor, cache: KVCache, input_pos: torch.Tensor, attn_len: int | None = None

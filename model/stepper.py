@@ -7,6 +7,7 @@ A step advances only rows whose commit flag is set; other rows in the bucket (id
 streams) compute and discard. Knows nothing about sessions or text: the engine maps sessions to rows.
 Optionally the step is compiled (torch.compile, one static graph per bucket) before capture: inductor fuses the
 thousands of small kernels of a step; the CUDA graph still removes the launches (see docs/BENCHMARKS.md).
+Segment-first frames and (optionally) prefill passes also run through static buffers and graphs in the same pool.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from .dual_ar import DualARTransformer
 from .frame import PENALTY_WINDOW_FRAMES, NoiseFn, SamplingTensors, frame_noise, sample_frame
+from .prefill_graphs import StaticPrefill
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class DecodeStepper:
         max_batch: int | None = None,
         fixed_batch: bool = False,
         first_frame_scratch_row: int | None = None,
+        prefill_scratch_row: int | None = None,
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
     ) -> None:
@@ -87,7 +90,10 @@ class DecodeStepper:
         kernels cuBLAS picks, and so a row's rounding, depend on the batch size).
         `first_frame_scratch_row`: a row no stream reads while first frames are sampled; given, `start_segments` runs
         through fixed-size buffers padded to a batch bucket (padding rows write that row only), one CUDA graph per
-        bucket where graphs are on (eager, ~1,500 kernels a call, it cost tens of ms a request on the H200)."""
+        bucket where graphs are on (eager, ~1,500 kernels a call, it cost tens of ms a request on the H200).
+        `prefill_scratch_row`: likewise for prefill (see model.prefill_graphs): given, `prefill` and `prefill_many`
+        run through buffers padded to (rows, chunk, attention length) buckets where the prompts fit one, one graph
+        per bucket captured on first use or in idle time; prompts that fit none run the plain eager pass."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -129,6 +135,14 @@ class DecodeStepper:
         self._ff_logits = zeros(most, c.vocab_size, dtype=dtype)  # ≤ 16 rows: 3.3 MB for the official vocab in bf16
         self._ff_hidden = zeros(most, c.fast_dim, dtype=dtype)
         self._ff_out = zeros(most, width)
+        self.static_prefill = (
+            StaticPrefill(
+                model, self.cache, prefill_scratch_row, self.length_buckets,
+                record=self._record if self.use_cuda_graphs else None,
+            )
+            if prefill_scratch_row is not None
+            else None
+        )  # fmt: skip
         # pinned host mirrors: the commit flags go up and the new frames come down without an extra sync
         pin = device.type == "cuda"
         self._commit_host = torch.zeros(n_rows, dtype=torch.bool, pin_memory=pin)
@@ -156,6 +170,10 @@ class DecodeStepper:
     @torch.inference_mode()
     def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write tokens (1+nc, T) into `row` from `start_pos`; returns the last position's (logits, fast hidden)."""
+        if self.static_prefill is not None:
+            out = self.static_prefill.prefill_many([row], [tokens], [start_pos])
+            if out is not None:
+                return out[0][0], out[1][0]
         return self.model.prefill(tokens.to(self.device), self.cache, row, start_pos)
 
     @torch.inference_mode()
@@ -163,6 +181,10 @@ class DecodeStepper:
         self, rows: list[int], prompts: list[torch.Tensor], start_positions: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`prefill` of several rows in one batched pass (see DualARTransformer.prefill_many): (B, vocab), (B, fast)."""
+        if self.static_prefill is not None:
+            out = self.static_prefill.prefill_many(rows, prompts, start_positions)
+            if out is not None:
+                return out
         return self.model.prefill_many([p.to(self.device) for p in prompts], self.cache, rows, start_positions)
 
     @torch.inference_mode()
@@ -376,13 +398,16 @@ class DecodeStepper:
         return [key for key in grid if key not in self._graphs]
 
     def capture_next(self, row_positions: Sequence[int]) -> bool:
-        """Capture one missing bucket (for idle time); False when none is missing or none can be captured now.
+        """Capture one missing decode bucket (for idle time), else one missing prefill bucket; False when none is
+        missing or none can be captured now.
 
         Warm-up and capture run the step over rows [0, batch) without advancing them, which still writes each row's
         K/V at its position: harmless at a row's next position, but out of the bucket's attention length when an open
         session's row is already past it (an index assert on CUDA that kills the process). So only buckets whose
-        length covers the current `row_positions` (the host mirror of `pos`) are captured; the rest wait."""
+        length covers the current `row_positions` (the host mirror of `pos`) are captured; the rest wait. A prefill
+        capture writes the scratch row only: always safe between turns."""
         capturable = capturable_buckets(self.missing_graphs(), row_positions)
         if capturable:
             self.capture(*capturable[0])
-        return bool(capturable)
+            return True
+        return self.static_prefill is not None and self.static_prefill.capture_next()

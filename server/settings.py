@@ -43,6 +43,12 @@ class Settings:
                   "graph per batch bucket (eager it costs tens of ms per request; run 8: steady 128 streams p95 "
                   "first audio 830 → 300 ms); off = the plain eager path"},
     )  # fmt: skip
+    graph_prefill: str = field(
+        default="off",
+        metadata={"help": "on | off: GPU: run prefill chunks through CUDA graphs, one per (rows, chunk, context) "
+                  "bucket, captured on first use or when idle (eager, a pass is thousands of kernel launches; new: "
+                  "its GPU equivalence test and benchmark have not run yet)"},
+    )  # fmt: skip
     api_key: tuple[str, ...] = field(
         default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}
     )
@@ -115,6 +121,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --batch-invariant must be auto, on or off")
     if settings.graph_first_frames not in ("on", "off"):
         raise SystemExit("fishgate: --graph-first-frames must be on or off")
+    if settings.graph_prefill not in ("on", "off"):
+        raise SystemExit("fishgate: --graph-prefill must be on or off")
     if settings.graphs_up_front is not None and settings.graphs_up_front < 1:
         raise SystemExit("fishgate: --graphs-up-front must be at least 1 (leave it out to capture every graph)")
     return settings

@@ -73,6 +73,10 @@ class BackendConfig:
     # spare row), on a GPU one CUDA graph per bucket; bitwise the plain path's frames (tests/streaming/test_engine.py,
     # tests/model/test_gpu.py); run 8 on the H200: steady 128 streams p95 first audio 830 → 300 ms
     graph_first_frames: bool = True
+    # GPU: prefill chunks run through one CUDA graph per (rows, chunk, attention length) bucket, captured on first use
+    # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. Off until its
+    # GPU test and benchmark have run (tests/model/test_gpu.py, bench/NOTES.md)
+    graph_prefill: bool = False
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
     cpu_threads: int | None = 1
@@ -131,6 +135,7 @@ class Backend:
             length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
+            prefill_scratch_row=self.session_rows - 1 if config.graph_prefill else None,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         graphs = self.device.type == "cuda" and config.cuda_graphs
@@ -192,7 +197,8 @@ class Backend:
         """Several rows' prompt chunks in one call: (B, vocab) logits and (B, fast_dim) hidden of their last tokens.
 
         Batch-invariant engines prefill row by row (a batched pass attends over the batch's longest length, which
-        changes summation order); the others run one right-padded batch: one pass instead of B."""
+        changes summation order); the others run one right-padded batch: one pass instead of B. With graph_prefill
+        the stepper runs either through its bucketed static passes (model.prefill_graphs) where the prompts fit."""
         if len(rows) == 1 or self.batch_invariant:
             outs = [self.stepper.prefill(r, p, s) for r, p, s in zip(rows, prompts, start_positions, strict=True)]
             return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
@@ -289,7 +295,8 @@ class Backend:
 
     def capture_idle_graph(self, row_positions: Sequence[int]) -> bool:
         """Capture one decode graph still missing (the worker calls this when it has nothing else to do), among those
-        whose attention length covers every row's position now (`row_positions`: the worker's mirror)."""
+        whose attention length covers every row's position now (`row_positions`: the worker's mirror); once none is,
+        one prefill graph still missing (with graph_prefill)."""
         return self.stepper.capture_next(row_positions)
 
     def gpu_memory_bytes(self) -> int:

@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class WorkerLimits:
-    prefill_chunk_tokens: int = 256  # a prompt is written in chunks of this many tokens, one chunk per turn
+    # a prompt is written in chunks of this many tokens, one chunk per turn; 256 is also the largest chunk of the
+    # graph-captured prefill (BackendConfig.graph_prefill): larger chunks would run eagerly
+    prefill_chunk_tokens: int = 256
     # tokens written per turn, over all prompts (one batched call); None: one chunk where the backend prefills row
     # by row (batch-invariant, CPU), four where it runs prompts as one batch
     prefill_tokens_per_turn: int | None = None

@@ -159,3 +159,38 @@ def test_first_frame_graphs_equal_the_same_buckets_eager() -> None:
             assert len(graphed._first_graphs) == 1 and not eager._first_graphs
             for t_eager, t_graphed in zip(eager._row_tensors(), graphed._row_tensors(), strict=True):
                 assert torch.equal(t_eager[:7], t_graphed[:7])
+
+
+@torch.no_grad()
+def test_prefill_graphs_equal_the_same_buckets_eager() -> None:
+    """prefill through a captured graph per (rows, chunk, attention length) bucket == the same padded passes run
+    eagerly, bitwise in bf16 and fp32: logits, hidden and every row of the cache but the scratch row. A bucket's
+    second call replays its graph; idle capture writes the scratch row only."""
+    from tests.model.test_prefill_graphs import CASES, SCRATCH
+
+    calls = [*CASES, ([0, 5, 1], [12, 50, 33], [64, 70, 0])]  # the last: bucket (4, 64, 128) again, new inputs
+    for dtype in (torch.bfloat16, torch.float32):
+        model = cuda_model("gqa_fast_project", dtype)
+        kwargs = {"max_seq_len": 256, "length_buckets": [64, 128], "prefill_scratch_row": SCRATCH}
+        eager = DecodeStepper(model, 8, **kwargs)
+        graphed = DecodeStepper(model, 8, use_cuda_graphs=True, **kwargs)
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        stale = torch.randn((2, *eager.cache.k.shape), generator=gen, device="cuda").to(dtype)
+        for stepper in (eager, graphed):
+            stepper.cache.k.copy_(stale[0])
+            stepper.cache.v.copy_(stale[1])
+        for rows, lengths, starts in calls:
+            prompts = [random_sequence(model, n, seed=n) for n in lengths]
+            expected = eager.prefill_many(rows, prompts, starts)
+            got = graphed.prefill_many(rows, prompts, starts)
+            assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1]), (dtype, rows)
+            assert torch.equal(eager.cache.k[:, :SCRATCH], graphed.cache.k[:, :SCRATCH]), (dtype, rows)
+            assert torch.equal(eager.cache.v[:, :SCRATCH], graphed.cache.v[:, :SCRATCH]), (dtype, rows)
+        assert eager.static_prefill is not None and not eager.static_prefill.graphs
+        assert graphed.static_prefill is not None
+        assert set(graphed.static_prefill.graphs) == {
+            (1, 64, 64), (4, 64, 128), (4, 64, 64), (2, 64, 128), (2, 256, 256), (1, 64, 256),
+        }  # fmt: skip
+        before = graphed.cache.k[:, :SCRATCH].clone()
+        assert graphed.static_prefill.capture_next()
+        assert torch.equal(graphed.cache.k[:, :SCRATCH], before)

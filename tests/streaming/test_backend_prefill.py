@@ -34,3 +34,34 @@ def test_large_batches_are_split_and_give_the_same_result(monkeypatch) -> None:
     assert calls_big == [3] and calls_small == [1, 1, 1]
     for x, y in zip(big, small, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_graph_prefill_gives_the_plain_prefill_within_rounding() -> None:
+    """graph_prefill: the backend's calls run through the stepper's padded static passes (batched engines: passes of
+    up to 4 rows; batch-invariant ones: one row at a time), equal to the plain prefill but for the last bits that the
+    padded shapes change on CPU (tests/model/test_prefill_graphs.py)."""
+    for invariant in (False, True):
+        plain, static = (
+            Backend(BackendConfig(max_sessions=6, batch_invariant=invariant, graph_prefill=on)) for on in (False, True)
+        )
+        assert plain.stepper.static_prefill is None and static.stepper.static_prefill is not None
+        passes: list[tuple[int, int, int]] = []
+        run = static.stepper.static_prefill._run
+        static.stepper.static_prefill._run = lambda bucket, _run=run: (passes.append(bucket), _run(bucket))[-1]  # type: ignore[method-assign]
+        tokens = prompts(plain) * 2
+        rows = [5, 0, 3, 1, 4, 2]
+        expected, got = (b.prefill_many(rows, tokens, [0] * 6) for b in (plain, static))
+        assert len(passes) == (6 if invariant else 2)
+        for x, y in zip(expected, got, strict=True):
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
+        for row, t in zip(rows, tokens, strict=True):
+            n = t.shape[1]
+            torch.testing.assert_close(static.stepper.cache.k[:, row, :, :n], plain.stepper.cache.k[:, row, :, :n])
+
+
+def test_the_workers_prefill_chunk_fits_the_largest_graph_chunk() -> None:
+    """A chunk over the largest bucket would send every long prompt's passes to the eager prefill."""
+    from model.prefill_graphs import PREFILL_CHUNK_BUCKETS
+    from streaming.worker import WorkerLimits
+
+    assert WorkerLimits().prefill_chunk_tokens == PREFILL_CHUNK_BUCKETS[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 
 import numpy as np
@@ -111,6 +112,41 @@ def test_first_frames_through_static_buffers_change_nothing_under_load() -> None
     assert all(r.done is not None and not r.errors for r in rest)
     assert np.array_equal(solo.codes, busy.codes)
     assert np.array_equal(solo.pcm, busy.pcm)
+
+
+def test_prefill_through_static_buffers_changes_nothing_alone_or_under_load() -> None:
+    """graph_prefill (GPU: one CUDA graph per (rows, chunk, attention length) bucket; here the same padded passes run
+    eagerly): a seeded session alone, and beside others with rows swapping (first frames through their static
+    buffers too), gives the same codes and PCM as the default engine alone. The padded passes change the prefill's
+    last bits on CPU (tests/model/test_prefill_graphs.py); the codes must not notice."""
+    buckets: list[tuple[int, int, int]] = []
+
+    def static_prefill(config: BackendConfig, first_frames: bool = False) -> Backend:
+        backend = Backend(dataclasses.replace(config, graph_prefill=True, graph_first_frames=first_frames))
+        passes = backend.stepper.static_prefill
+        assert passes is not None and passes.scratch_row == backend.session_rows - 1  # the swap spare
+        run = passes._run
+        passes._run = lambda bucket: (buckets.append(bucket), run(bucket))[-1]  # type: ignore[method-assign]
+        return backend
+
+    async def alone(factory=Backend):
+        with running_engine(max_sessions=8, backend_factory=factory) as engine:
+            return await speak(engine.open_session(Voice(), SETTINGS), *TEXTS)
+
+    async def loaded():
+        factory = functools.partial(static_prefill, first_frames=True)
+        with running_engine(max_sessions=6, backend_factory=factory) as engine:
+            return await seeded_beside_others(engine, [f"Speaker {i} " + "says a little. " * (i + 1) for i in range(4)])
+
+    solo = asyncio.run(alone())
+    solo_static = asyncio.run(alone(static_prefill))
+    assert buckets, "the prefill should have run through the static buffers"
+    busy, rest = asyncio.run(loaded())
+    assert all(r.done is not None and not r.errors for r in rest)
+    assert {chunk for _, chunk, _ in buckets} >= {64, 128}  # the others' longer prompts took a larger bucket
+    for other in (solo_static, busy):
+        assert np.array_equal(solo.codes, other.codes)
+        assert np.array_equal(solo.pcm, other.pcm)
 
 
 @pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
