@@ -54,6 +54,10 @@ class WorkerLimits:
     max_undelivered_s: float = 20.0  # unread audio per session before its stream stalls
     stall_timeout_s: float = 30.0  # a stalled stream is closed after this long
     idle_wait_s: float = 0.05  # how long an idle worker blocks on the command queue
+    # a graph still missing is captured in idle time only once the worker has had no work for this long: a capture
+    # blocks the worker for tens of ms, and a request that arrives during one waits for it. Run 9 (H200, graph
+    # prefill): captures at every gap between back-to-back requests cost each one 40-70 ms of first audio
+    idle_capture_after_s: float = 0.5
     # A stream whose client buffer (audio sent minus real time since its first chunk) fell below this gets the frames
     # it has queued (at least MIN_REFILL_FRAMES) at once, in a smaller chunk, instead of waiting for its scheduled
     # size: under load the schedule's growing chunks otherwise arrive after the client ran dry. None = off. Unseeded
@@ -557,13 +561,21 @@ class _StallTimeout(FishgateError):
 
 def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
     """The worker thread's body after start-up: apply commands, take turns, until `stop()`."""
+    busy_at = time.monotonic()  # when the worker last had work or a command
     while not stop():
         block = not worker.has_work()
-        if block and worker.commands.empty() and worker.b.capture_idle_graph(worker.row_pos):
-            continue  # idle: one more decode graph instead of a nap (cold start captured only the small ones)
+        if not block:
+            busy_at = time.monotonic()
+        elif (
+            worker.commands.empty()
+            and time.monotonic() - busy_at >= worker.limits.idle_capture_after_s
+            and worker.b.capture_idle_graph(worker.row_pos)
+        ):
+            continue  # idle a while: one more graph instead of a nap (cold start captured only the small ones)
         try:
             wait_s = worker.limits.idle_wait_s
             cmd = worker.commands.get(timeout=wait_s) if block else worker.commands.get_nowait()
+            busy_at = time.monotonic()
             worker.apply(cmd)
             while True:
                 worker.apply(worker.commands.get_nowait())
