@@ -6,6 +6,7 @@
     │   ├── ValueOutOfRange            a parameter outside its accepted range
     │   ├── PromptTooLong              text + voice do not fit the model's context
     │   ├── UnknownVoice               reference id not found
+    │   ├── IncompatibleVoice          reference codes this model cannot read (another codec's); the session closes
     │   └── BadReferenceAudio          uploaded reference is not usable audio
     ├── Overloaded                     capacity reached; retry later (HTTP 503 / close 1013)
     ├── SessionClosed                  the session was closed (client gone, stalled too long, shutdown)
@@ -40,6 +41,10 @@ class PromptTooLong(RequestError):
 
 class UnknownVoice(RequestError):
     code = "unknown_voice"
+
+
+class IncompatibleVoice(RequestError):
+    code = "incompatible_voice"
 
 
 class BadReferenceAudio(RequestError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .chunking import Latency
-from .errors import SessionClosed
+from .errors import FishgateError, SessionClosed
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +123,7 @@ class Session:
     _events: collections.deque[Event] = field(default_factory=collections.deque)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _dropped_utterances: set[int] = field(default_factory=set)
+    _close_sent: bool = False  # the engine was told (Close): its capacity is free again
 
     # -- commands --
     def speak(self, text: str) -> int:
@@ -160,8 +161,9 @@ class Session:
         return utt
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
+        self.closed = True
+        if not self._close_sent:
+            self._close_sent = True
             self._send(Close(self.id))
 
     def _check_open(self) -> None:
@@ -188,7 +190,10 @@ class Session:
             self.consumed_samples += len(ev.pcm)
             return
         if isinstance(ev, SessionError) and ev.fatal:
-            self.closed = True
+            # the worker has dropped the stream; the engine's session count must drop too, whether or not the owner
+            # ever calls close() (a stalled client's session used to hold its capacity for good)
+            with contextlib.suppress(FishgateError):  # Close leaves the count before the queue: full is harmless
+                self.close()
         self._events.append(ev)
         self._wakeup.set()
 

@@ -24,7 +24,7 @@ import torch
 
 from .backend import Backend, RowSampling, history_is_append
 from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, refill_size, split_tail
-from .errors import EngineFault, FishgateError, PromptTooLong
+from .errors import EngineFault, FishgateError, IncompatibleVoice, PromptTooLong
 from .rows import RowTable
 from .session import (
     AudioChunk,
@@ -113,12 +113,20 @@ class Worker:
     def add(self, session: Session) -> None:
         s = session.settings
         refs = session.voice.references
+        try:
+            prefix = self.b.prefix_tokens(refs) if refs else None
+        except ValueError as e:
+            # codes this model cannot read (a voice stored or sent for another codec): this session learns why and
+            # closes; the worker, its slots and the other sessions are untouched
+            self.stats.errors += 1
+            session.post(SessionError(IncompatibleVoice.code, str(e), None, fatal=True))
+            return
         stream = Stream(
             session=session,
             slot=self.free_slots.pop(),
             seed=s.seed if s.seed is not None else secrets.randbits(62),
             schedule=ChunkSchedule.for_latency(s.latency),
-            prefix=self.b.prefix_tokens(refs) if refs else None,
+            prefix=prefix,
         )
         if stream.prefix is not None:
             stream.prefix_key = hashlib.sha256(stream.prefix.numpy().tobytes()).digest()

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from model.codec_checkpoint import load_codec
 from streaming.backend import Backend, BackendConfig, default_checkpoint
 from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded
-from streaming.session import SynthesisSettings, Voice
+from streaming.session import SessionError, SynthesisSettings, Voice
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
 from tests.streaming.engine_helpers import (
     NeverEnding,
@@ -251,9 +252,13 @@ def test_backpressure_stalls_then_closes_a_client_that_never_reads() -> None:
             peak = slow.undelivered_samples
             await asyncio.sleep(2.0)
             rest = await collect(slow)  # drains the buffer, then the fatal stall error
-            return ok, peak, rest, engine.stats()
+            await asyncio.sleep(0.05)
+            # its capacity is back although nobody called slow.close() (it used to stay counted for good)
+            registered = set(engine._sessions)
+            return ok, peak, rest, engine.stats(), registered, fast.id
 
-    ok, peak, rest, stats = asyncio.run(main())
+    ok, peak, rest, stats, registered, fast_id = asyncio.run(main())
+    assert registered == {fast_id}
     assert ok.done is not None
     assert peak <= (0.5 + 1.5) * 44100  # limit + at most one chunk (24 frames) past it
     assert rest.errors and rest.errors[-1].fatal and rest.errors[-1].code == "client_too_slow"
@@ -280,10 +285,15 @@ def test_one_failing_session_leaves_the_others_intact() -> None:
     gc.collect()
 
 
+def default_num_codebooks() -> int:
+    return int(json.loads((default_checkpoint() / "config.json").read_text())["num_codebooks"])
+
+
 def test_voice_prefix_is_prefilled_once_and_reused() -> None:
     """Sessions with the same reference voice share its prefilled KV prefix; the audio equals a fresh prefill's."""
     rng = np.random.default_rng(0)
-    voice = Voice((("A reference sentence, spoken by somebody.", rng.integers(0, 1000, (4, 120))),))
+    codes = rng.integers(0, 1000, (default_num_codebooks(), 120))
+    voice = Voice((("A reference sentence, spoken by somebody.", codes),))
     settings = SynthesisSettings(seed=21, max_new_tokens=30)
 
     async def fresh():
@@ -304,6 +314,36 @@ def test_voice_prefix_is_prefilled_once_and_reused() -> None:
     assert reused_tokens < solo_tokens - 120  # the ~150-token prefix was not written again
     assert np.array_equal(solo.codes, reused.codes)
     assert np.abs(solo.pcm - reused.pcm).max() <= 1e-4
+
+
+def test_a_voice_of_another_codec_closes_only_its_session() -> None:
+    """Reference codes with too few codebook rows (a voice stored for another model) used to kill the worker thread.
+    Now that session gets `incompatible_voice` naming the fix and closes; no slot leaks; others keep speaking."""
+    nc = default_num_codebooks()
+    wrong = Voice((("Stored for a smaller model.", np.zeros((nc - 1, 40), dtype=np.int64)),))
+
+    async def main(engine):
+        slots = len(engine._worker.free_slots)
+        bad = engine.open_session(wrong, SynthesisSettings(seed=1))
+        event = await asyncio.wait_for(bad.next_event(), 30)
+        bad.close()
+        session = engine.open_session(Voice(), SynthesisSettings(seed=2, max_new_tokens=20))
+        good = await speak(session, "Still here.")
+        session.close()
+        await asyncio.sleep(0.1)
+        return event, good, slots, len(engine._worker.free_slots)
+
+    with running_engine(max_sessions=2) as engine:
+        for _ in range(3):  # repeatedly: a leak of one slot per bad session would exhaust both
+            event, good, slots_before, slots_after = asyncio.run(main(engine))
+            assert isinstance(event, SessionError) and event.fatal and event.code == "incompatible_voice", event
+            assert (
+                f"have {nc - 1} rows but the model needs {nc}" in event.message
+                and "encode the reference" in event.message
+            )
+            assert good.done is not None and not good.errors and good.codes.shape[1] > 0
+            assert slots_after == slots_before
+        assert engine.state.value == "ready"
 
 
 @pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
