@@ -2,15 +2,17 @@
 
 Fish's defaults (temperature 0.7, top-p 0.7, repetition penalty 1.2) suit the official weights. A model folder can
 declare its own in `fishgate.json` (`"sampling": {"temperature": 0.4}`): the small embedded default voice reads
-more words correctly at a lower temperature (issue 6's gate, training/MODEL_CARD.md). A request's own values always
-win; the server validates them against the same ranges (server/params.py).
+more words correctly at a lower temperature (issue 6's gate, model/default_model/README.md). A request's own values
+always win; the server validates them against the same ranges (server/params.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from .session import SynthesisSettings
 
 SAMPLING_RANGES: dict[str, tuple[float, float]] = {
     "temperature": (0.0, 2.0),  # 0 = greedy
@@ -42,6 +44,13 @@ class SamplingDefaults:
             if not ok or not lo <= value <= hi:
                 raise ValueError(f"{source}: sampling.{name} must be a number in [{lo}, {hi}] (got {value!r})")
         return cls(**{name: float(value) for name, value in raw.items()})
+
+    def applied_to(self, settings: SynthesisSettings) -> SynthesisSettings:
+        """`settings` with these sampling values: what the servers' parsers build for a request that names none
+        (programmatic callers of the engine pass their settings whole)."""
+        return replace(
+            settings, temperature=self.temperature, top_p=self.top_p, repetition_penalty=self.repetition_penalty
+        )
 
 
 FISH_SAMPLING = SamplingDefaults()  # upstream's defaults, for models that declare none

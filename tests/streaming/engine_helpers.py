@@ -50,6 +50,12 @@ class NeverEnding(Backend):
         return self._no_end(super().step(rows, commit, max_pos))
 
 
+# The embedded default before issue 6's voice shipped: random weights, dim 64, 2 layers, ~0.7 M parameters. Tests
+# whose timing assumes decode steps far faster than real time on a loaded 2-core CPU run on it (the trained default
+# is ~6x larger).
+RANDOM_TINY_MODEL = Path(__file__).resolve().parents[1] / "assets" / "random_tiny_model"
+
+
 @contextmanager
 def running_engine(
     checkpoint: Path | None = None,

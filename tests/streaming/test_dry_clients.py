@@ -1,7 +1,9 @@
 """Clients about to run dry: refills (queued frames go out early, in a smaller chunk) and prefill holds (new
 prompts wait a moment while a decoding stream's client is nearly dry).
 
-The engine runs the real tiny default model and vocoder; only its decode step is made slower than real time
+The engine runs a real tiny random-weight model and vocoder (tests/assets; the timing assumes steps far faster than
+real time when not slowed, which the trained default is not on a loaded 2-core CPU); only its decode step is made
+slower than real time
 (60 ms per 46 ms frame, as an overloaded GPU would be) for its first steps or all of them, and never emits the end
 token (so every utterance has its full length whatever the unseeded sampling draws).
 """
@@ -18,7 +20,7 @@ import pytest
 from streaming.chunking import SCHEDULES, Latency, refill_size
 from streaming.engine import Engine
 from streaming.session import SynthesisSettings, Voice
-from tests.streaming.engine_helpers import NeverEnding, collect, running_engine, speak
+from tests.streaming.engine_helpers import RANDOM_TINY_MODEL, NeverEnding, collect, running_engine, speak
 from tests.streaming.test_engine import offline_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -52,7 +54,7 @@ def speak_slowly(refill_below_s: float | None, seed: int | None, backend=SlowNev
         return await speak(session, TEXT)
 
     with running_engine(
-        max_sessions=2, backend_factory=backend, warm_up=False, refill_below_s=refill_below_s
+        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=backend, warm_up=False, refill_below_s=refill_below_s
     ) as engine:
         return asyncio.run(main(engine))
 
@@ -70,7 +72,7 @@ def test_a_dry_client_gets_every_four_frames_and_the_audio_is_unchanged() -> Non
     # every 4 queued frames go out at once instead of waiting for the 8 the schedule asks for
     assert frames == [4] * (FRAMES // 4), frames
     # chunk boundaries anywhere give the offline decode of the same codes
-    assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
+    assert np.abs(utt.pcm - offline_decode(RANDOM_TINY_MODEL, utt.codes)).max() <= 1e-4
 
 
 def test_refills_do_not_advance_the_schedule() -> None:
@@ -104,7 +106,9 @@ def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s)
         return first, await asyncio.gather(collect(a), speak(b, "Short."))
 
     limits = {"refill_below_s": 0.15, "prefill_hold_below_s": hold_below_s, "prefill_hold_max_s": 0.25}
-    with running_engine(max_sessions=2, backend_factory=SlowNeverEnding, warm_up=False, **limits) as engine:
+    with running_engine(
+        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=SlowNeverEnding, warm_up=False, **limits
+    ) as engine:
         first, (rest_a, b) = asyncio.run(main(engine))
         holds = engine.stats()["prefill_holds"]
     assert len(first) == 4 and rest_a.done is not None and b.done is not None and b.done.reason == "stop"

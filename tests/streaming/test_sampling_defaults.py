@@ -31,3 +31,12 @@ def test_absent_means_fish_defaults_and_given_fields_override() -> None:
 def test_bad_values_are_refused_with_the_field_and_the_file(raw: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingDefaults.from_metadata(raw, "f.json")
+
+
+def test_applied_to_replaces_only_the_sampling_fields() -> None:
+    from streaming.session import SynthesisSettings
+
+    base = SynthesisSettings(seed=3, max_new_tokens=99)
+    got = SamplingDefaults(temperature=0.4).applied_to(base)
+    assert (got.temperature, got.top_p, got.repetition_penalty) == (0.4, 0.7, 1.2)
+    assert (got.seed, got.max_new_tokens) == (3, 99)

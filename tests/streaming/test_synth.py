@@ -53,15 +53,20 @@ def test_text_splits_into_several_segments() -> None:
     assert len(segment_text(TEXT, SegmenterConfig())) >= 3
 
 
+def model_settings(handle, seed: int) -> SynthesisSettings:
+    """What the live endpoint builds for a request naming only a seed: the served model's sampling defaults."""
+    return handle.gateway.sampling_defaults().applied_to(SynthesisSettings(seed=seed))
+
+
 def test_synthesize_equals_live_stream(live) -> None:
     handle, live_pcm = live
     assert len(live_pcm) >= 2 * 2048 * 40  # at least 40 frames of audio
 
     async def run() -> np.ndarray:
-        return await synthesize(handle.gateway.engine, TEXT, settings=SynthesisSettings(seed=SEED))
+        return await synthesize(handle.gateway.engine, TEXT, settings=model_settings(handle, SEED))
 
     async def other_seed() -> np.ndarray:
-        return await synthesize(handle.gateway.engine, TEXT, settings=SynthesisSettings(seed=SEED + 1))
+        return await synthesize(handle.gateway.engine, TEXT, settings=model_settings(handle, SEED + 1))
 
     assert float_to_s16le(asyncio.run(run())) == live_pcm
     assert float_to_s16le(asyncio.run(other_seed())) != live_pcm  # the seed matters: the equality is no coincidence
@@ -89,8 +94,8 @@ def test_reference_voice_equals_live_inline_reference(live) -> None:
         engine = handle.gateway.engine
         voice = await reference_voice(engine, ref_wav, ref_text, min_duration_s=1.0, max_duration_s=60.0)
         assert voice.references[0][0] == ref_text and voice.references[0][1].shape[0] == engine.info.num_codebooks
-        cloned = await synthesize(engine, text, voice, SynthesisSettings(seed=SEED))
-        plain = await synthesize(engine, text, settings=SynthesisSettings(seed=SEED))
+        cloned = await synthesize(engine, text, voice, model_settings(handle, SEED))
+        plain = await synthesize(engine, text, settings=model_settings(handle, SEED))
         return cloned, plain
 
     cloned, plain = asyncio.run(run())
