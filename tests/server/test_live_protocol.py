@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from tests.server.conftest import API_KEY, ServerHandle, start_server
 from tests.server.http_helpers import FRAME_SAMPLES
 from tests.server.live_client import LiveClient, LiveResult, open_live, speak
+from tests.streaming.engine_helpers import RANDOM_TINY_MODEL
 
 TEXT = "Hello there. This is a test of the live protocol."
 
@@ -271,7 +272,9 @@ def test_foreign_browser_origin_is_refused(server: ServerHandle) -> None:
 
 
 def test_a_client_that_vanishes_or_never_reads_frees_everything(tmp_path) -> None:
-    with start_server(tmp_path, send_timeout_s=2.0, max_sessions=2) as srv:
+    # the tiny random model fills the never-reading socket's kernel buffers (megabytes of PCM) in seconds; the trained
+    # default, at ~2x real time on a 2-core CPU, needs most of the deadline for that
+    with start_server(tmp_path, checkpoint=RANDOM_TINY_MODEL, send_timeout_s=2.0, max_sessions=2) as srv:
         engine = srv.gateway.engine
 
         async def vanish():
