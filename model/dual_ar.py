@@ -8,6 +8,8 @@ Sampling and the per-frame loop live in `model.frame`; slot scheduling lives in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,6 +18,19 @@ from .config import DualARConfig
 from .kv_cache import KVCache
 from .layers import Attention, Linear, RMSNorm, TransformerBlock, invariant_linear
 from .rope import build_rope_table
+
+
+def right_pad(
+    prompts: Sequence[torch.Tensor], start_positions: Sequence[int], tokens: torch.Tensor, positions: torch.Tensor
+) -> None:
+    """Lay prompts[b] (1+nc, T_b) into tokens[b] (1+nc, T, zeros beyond the prompt: the caller zeroes them) and their
+    positions into positions[b] (T,). Padding tokens sit at the row's first position after its prompt, which the row's
+    next write overwrites before anything reads it (the padding convention of every batched prefill pass)."""
+    for b, (prompt, start) in enumerate(zip(prompts, start_positions, strict=True)):
+        n = prompt.shape[-1]
+        tokens[b, :, :n] = prompt
+        positions[b, :n] = torch.arange(start, start + n)
+        positions[b, n:] = start + n
 
 
 class DualARTransformer(nn.Module):
@@ -88,9 +103,12 @@ class DualARTransformer(nn.Module):
             codes = codes + offsets
         vq_sum = self.codebook_embeddings(codes).sum(dim=1)  # (B, T, dim), summed in codebook order
         tokens = inp[:, 0]
-        is_semantic = (tokens >= self.semantic_begin_id) & (tokens <= self.semantic_end_id)
-        vq_sum = vq_sum * is_semantic.unsqueeze(-1).to(vq_sum.dtype)
+        vq_sum = vq_sum * self.is_semantic(tokens).unsqueeze(-1).to(vq_sum.dtype)
         return self.embeddings(tokens) + vq_sum
+
+    def is_semantic(self, tokens: torch.Tensor) -> torch.Tensor:
+        """True where a token id is a semantic (audio frame) token, elementwise."""
+        return (tokens >= self.semantic_begin_id) & (tokens <= self.semantic_end_id)
 
     def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = self.norm(hidden)
@@ -186,10 +204,7 @@ class DualARTransformer(nn.Module):
         longest = max(lengths)
         tokens = torch.zeros(len(prompts), prompts[0].shape[0], longest, dtype=prompts[0].dtype, device=device)
         positions = torch.empty(len(prompts), longest, dtype=torch.long)
-        for b, (prompt, start, n) in enumerate(zip(prompts, start_positions, lengths, strict=True)):
-            tokens[b, :, :n] = prompt
-            positions[b, :n] = torch.arange(start, start + n)
-            positions[b, n:] = start + n
+        right_pad(prompts, start_positions, tokens, positions)
         index = torch.tensor(rows, device=cache.k.device)
         last = torch.tensor(lengths, device=device) - 1
         return self.prefill_rows(tokens, cache, index, positions.to(device), last, max(ends) + 1)

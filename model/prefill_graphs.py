@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .dual_ar import DualARTransformer
+from .dual_ar import DualARTransformer, right_pad
 from .kv_cache import KVCache
 
 # prompts per pass (a call with more rows runs several passes) and tokens per prompt per pass; the worker writes
@@ -106,11 +106,7 @@ class StaticPrefill:
         positions = torch.zeros(n_rows, chunk, dtype=torch.int64)  # padding rows: position 0 of the scratch row
         tokens = self.tokens[:n_rows, :, :chunk]
         tokens.zero_()
-        for b, (prompt, start) in enumerate(zip(prompts, start_positions, strict=True)):
-            length = prompt.shape[-1]
-            tokens[b, :, :length].copy_(prompt)
-            positions[b, :length] = torch.arange(start, start + length)
-            positions[b, length:] = start + length
+        right_pad(prompts, start_positions, tokens, positions)
         self.positions[:n_rows, :chunk].copy_(positions)
         self.rows[:n_rows].copy_(torch.tensor(rows + [self.scratch_row] * (n_rows - n)))
         self.last[:n_rows].copy_(torch.tensor([p.shape[-1] - 1 for p in prompts] + [0] * (n_rows - n)))

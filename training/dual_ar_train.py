@@ -122,7 +122,7 @@ def dual_ar_loss(
     token_logits, codebook_logits, _ = model(inp)
     label_tok = labels[:, 0]  # (B, T)
     token_loss = F.cross_entropy(token_logits[mask].float(), label_tok[mask])
-    semantic = mask & (label_tok >= model.semantic_begin_id) & (label_tok <= model.semantic_end_id)
+    semantic = mask & model.is_semantic(label_tok)
     cb_logits = codebook_logits[semantic].float()  # (N, nc, cs)
     cb_labels = labels[:, 1:].transpose(1, 2)[semantic]  # (N, nc)
     cb_loss = F.cross_entropy(cb_logits.flatten(0, 1), cb_labels.flatten())

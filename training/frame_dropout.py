@@ -42,9 +42,8 @@ class FrameDropout:
     def keep_mask(self, inp: torch.Tensor) -> torch.Tensor:
         """inp (B, 1+nc, T) → (B, T) float: 0 at dropped semantic frames, 1 everywhere else."""
         tokens = inp[:, 0]
-        semantic = (tokens >= self.model.semantic_begin_id) & (tokens <= self.model.semantic_end_id)
         draw = torch.rand(tokens.shape, device=tokens.device)  # torch's RNG: the trainer seeds it
-        return (~(semantic & (draw < self.p))).float()
+        return (~(self.model.is_semantic(tokens) & (draw < self.p))).float()
 
     def arm(self, inp: torch.Tensor) -> None:
         """Drop frames in the next forward over `inp` (the model input, B × (1+nc) × T); a no-op when p is 0."""
