@@ -28,9 +28,7 @@ from streaming.segmenter import SegmenterConfig
 from streaming.session import SynthesisSettings
 
 # ---- the table (docs/API.md reproduces it) -----------------------------------------------------------------------
-TEMPERATURE = SAMPLING_RANGES["temperature"]  # 0 = greedy
-TOP_P = SAMPLING_RANGES["top_p"]
-REPETITION_PENALTY = SAMPLING_RANGES["repetition_penalty"]
+# temperature, top_p, repetition_penalty: SAMPLING_RANGES (streaming/sampling_defaults.py, shared with model folders)
 MAX_NEW_TOKENS = (1, 4096)  # frames per text segment
 CHUNK_LENGTH = (100, 300)  # characters per text segment (Fish)
 MIN_CHUNK_LENGTH = (0, 100)
@@ -141,14 +139,12 @@ def parse_tts_request(
     seed = req.get("seed")
     if seed is not None:
         check_range("seed", seed, SEED, integer=True)
+    sampled = {
+        name: float(check_range(name, _get(req, name, getattr(sampling, name)), accepted))
+        for name, accepted in SAMPLING_RANGES.items()
+    }
     settings = SynthesisSettings(
-        temperature=float(check_range("temperature", _get(req, "temperature", sampling.temperature), TEMPERATURE)),
-        top_p=float(check_range("top_p", _get(req, "top_p", sampling.top_p), TOP_P)),
-        repetition_penalty=float(
-            check_range(
-                "repetition_penalty", _get(req, "repetition_penalty", sampling.repetition_penalty), REPETITION_PENALTY
-            )
-        ),
+        **sampled,
         max_new_tokens=check_range("max_new_tokens", _get(req, "max_new_tokens", 1024), MAX_NEW_TOKENS, integer=True),
         seed=seed,
         condition_on_previous_chunks=check_bool(

@@ -74,8 +74,8 @@ class BackendConfig:
     # tests/model/test_gpu.py); run 8 on the H200: steady 128 streams p95 first audio 830 → 300 ms
     graph_first_frames: bool = True
     # GPU: prefill chunks run through one CUDA graph per (rows, chunk, attention length) bucket, captured on first use
-    # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. Off until its
-    # GPU test and benchmark have run (tests/model/test_gpu.py, bench/NOTES.md)
+    # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. GPU test passes;
+    # off until run 9's first-audio cost of lazy captures is re-measured with the idle delay (docs/BENCHMARKS.md)
     graph_prefill: bool = False
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
