@@ -255,6 +255,9 @@ def write_pcm16(path: Path, pcm: np.ndarray, rate_hz: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
+    # imported here: the device's trainers import this module from a copy of model/ and training/ only
+    from streaming.sampling_defaults import SAMPLING_RANGES
+
     parser = argparse.ArgumentParser(description="export a trained DualAR + codec; vocode sampled codes")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="resume files → official-layout folder, then one engine utterance")
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--frames-per-char-margin", type=float, default=2.0, help="× the corpus maximum")
     ex.add_argument("--text-normalizer", default="english", help="what the DualAR was trained on ('none': raw text)")
     ex.add_argument("--text", default="Hello! This is the default voice of fishgate, speaking on a small CPU.")
-    for name in ("temperature", "top_p", "repetition_penalty"):
+    for name in SAMPLING_RANGES:
         ex.add_argument("--" + name.replace("_", "-"), type=float, help="the folder's default (fishgate.json)")
     vo = sub.add_parser("vocode", help="dual_ar_samples.npz → WAV files with the codec")
     vo.add_argument("--codec", type=Path, required=True)
@@ -286,8 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     ar_parts, ar_meta = load_resume(args.dual_ar)
     codec_parts, codec_meta = load_resume(args.codec)
     fpc = float(ar_meta.get("max_frames_per_char") or 2.0) * args.frames_per_char_margin
-    names = ("temperature", "top_p", "repetition_penalty")
-    sampling = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    sampling = {k: getattr(args, k) for k in SAMPLING_RANGES if getattr(args, k) is not None}
     exported = export_model_folder(
         args.out, dual_ar_state=ar_parts["model"], dual_ar_config=ar_meta["dual_ar_config"],
         codec_state=codec_parts["gen"], codec_config=codec_meta["codec_config"], name=args.name, dtype=args.dtype,

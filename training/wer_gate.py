@@ -25,6 +25,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from streaming.sampling_defaults import SAMPLING_RANGES
+
 from .checkpoints import write_pcm16
 from .wer import WER_PASS, WER_TARGET, WerReport, evaluate, load_whisper
 
@@ -33,7 +35,7 @@ SAMPLE_RATE_HZ = 44_100
 # A held-out sentence is ≤ 25 words: far under a minute of speech even for a slow model.
 TIMEOUT_S = 120.0
 MAX_FRAME_BYTES = 16 * 2**20
-SAMPLING_FIELDS = ("temperature", "top_p", "repetition_penalty")
+SAMPLING_FIELDS = tuple(SAMPLING_RANGES)  # temperature, top_p, repetition_penalty
 
 
 @dataclass(frozen=True, slots=True)
