@@ -121,7 +121,8 @@ def start_rest(args: argparse.Namespace) -> None:
 
 def start_dual_ar(args: argparse.Namespace) -> None:
     """Hold B: the DualAR on carried codes (and each `--variant`, side by side: a small model leaves the GPU mostly
-    idle) and the decoder-only codec phase on carried shards."""
+    idle) and, given `--shards`, the decoder-only codec phase on them (without, the codec can train elsewhere:
+    `start-codec --extra --resume FILE --freeze-encoder --new-phase`)."""
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     src = copy_code(Path.cwd(), work)
@@ -141,16 +142,18 @@ def start_dual_ar(args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(codes), "--out", str(work / name),
                "--train-seconds", seconds, "--total-seconds", seconds, *extra_args]  # fmt: skip
         daemon(cmd, cwd=src, log_path=work / f"{name}.log", rc_path=work / f"{name}.rc")
-    gan = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--resume",
-           str(work / "codec" / "codec_resume.safetensors"), "--out", str(work / "gan"), "--freeze-encoder",
-           "--new-phase", "--train-seconds", seconds, "--total-seconds", seconds,
-           *shlex.split(args.gan_args)]  # fmt: skip
-    daemon(gan, cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc")
-    rcs = [_quote(str(work / f"{name}.rc")) for name in (*runs, "gan")]
+    if shards:
+        gan = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--resume",
+               str(work / "codec" / "codec_resume.safetensors"), "--out", str(work / "gan"), "--freeze-encoder",
+               "--new-phase", "--train-seconds", seconds, "--total-seconds", seconds,
+               *shlex.split(args.gan_args)]  # fmt: skip
+        daemon(gan, cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc")
+    rcs = [_quote(str(work / f"{name}.rc")) for name in (*runs, *(["gan"] if shards else []))]
     pending = " || ".join(f"[ ! -f {rc} ]" for rc in rcs)
     done = f"while {pending}; do sleep 5; done; echo finished > {_quote(str(work / 'DONE'))}"
     daemon(["sh", "-c", done], cwd=src, log_path=work / "waiter.log")
-    log(work, f"{', '.join(runs)} and the decoder-only phase started for {seconds} s")
+    phase = " and the decoder-only phase" if shards else " (no decoder-only phase: no shards)"
+    log(work, f"{', '.join(runs)}{phase} started for {seconds} s")
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -427,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--work", type=Path, required=True)
     d.add_argument("--codes", type=Path, required=True, help="codes_live.npz of hold A")
     d.add_argument("--codec", type=Path, required=True, help="the codec resume file that made those codes")
-    d.add_argument("--shards", nargs="+", required=True, help="audio shards for the decoder-only phase")
+    d.add_argument("--shards", nargs="*", default=[], help="audio shards for the decoder-only phase (none: no such phase)")
     d.add_argument("--seconds", type=float, required=True)
     d.add_argument("--dual-ar-args", default="", help="dual_ar_train flags for every DualAR run, one string")
     d.add_argument(

@@ -136,6 +136,12 @@ def test_hold_a_then_hold_b_run_end_to_end_with_a_stand_in_piper(tmp_path: Path)
                 "gan__codec_resume.safetensors", "small.tar.gz"} <= set(back)  # fmt: skip
         assert "codec__codec_resume.safetensors" not in back and "carried_codes.npz" not in back  # carried in
         assert len(back) <= 8
+        hold_c = tmp_path / "c"  # no shards: the DualAR alone (the codec trains elsewhere)
+        _run("start-dual-ar", "--work", str(hold_c), "--codes", str(hold_a / "codes_live.npz"), "--codec",
+             str(hold_a / "codec" / "codec_resume.safetensors"), "--seconds", "3",
+             "--dual-ar-args=--config tiny --device cpu --max-tokens 1024")  # fmt: skip
+        assert _wait_for(hold_c, 240) == "DONE"
+        assert (hold_c / "dual_ar.rc").read_text().strip() == "0" and not (hold_c / "gan.log").exists()
     finally:  # the daemons outlive their starter by design: end them with the test
         _kill_processes_mentioning(str(tmp_path))
 
