@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--work", type=Path, required=True)
     d.add_argument("--codes", type=Path, required=True, help="codes_live.npz of hold A")
     d.add_argument("--codec", type=Path, required=True, help="the codec resume file that made those codes")
-    d.add_argument("--shards", nargs="*", default=[], help="audio shards for the decoder-only phase (none: no such phase)")
+    d.add_argument("--shards", nargs="*", default=[], help="shards for the decoder-only phase (none: no such phase)")
     d.add_argument("--seconds", type=float, required=True)
     d.add_argument("--dual-ar-args", default="", help="dual_ar_train flags for every DualAR run, one string")
     d.add_argument(
