@@ -47,8 +47,8 @@ class Settings:
         default="off",
         metadata={"help": "on | off: GPU: run prefill chunks through CUDA graphs, one per (rows, chunk, context) "
                   "bucket, captured on first use or after 0.5 s idle (eager, a pass is thousands of kernel launches; "
-                  "run 9: half as many steady-load requests underran, but first audio was worse while graphs "
-                  "were missing)"},
+                  "run 9: half as many steady-load requests underran; run 10: a first burst still waits for its "
+                  "captures)"},
     )  # fmt: skip
     api_key: tuple[str, ...] = field(
         default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}

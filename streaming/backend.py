@@ -75,7 +75,8 @@ class BackendConfig:
     graph_first_frames: bool = True
     # GPU: prefill chunks run through one CUDA graph per (rows, chunk, attention length) bucket, captured on first use
     # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. GPU test passes;
-    # off until run 9's first-audio cost of lazy captures is re-measured with the idle delay (docs/BENCHMARKS.md)
+    # run 10: with the idle delay level-1 first audio is 34 ms p50, but a first burst still pays its captures; off
+    # until measured against off in one hold (docs/BENCHMARKS.md)
     graph_prefill: bool = False
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)

@@ -142,13 +142,15 @@ def start_dual_ar(args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(codes), "--out", str(work / name),
                "--train-seconds", seconds, "--total-seconds", seconds, *extra_args]  # fmt: skip
         daemon(cmd, cwd=src, log_path=work / f"{name}.log", rc_path=work / f"{name}.rc")
+    jobs = list(runs)
     if shards:
         gan = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--resume",
                str(work / "codec" / "codec_resume.safetensors"), "--out", str(work / "gan"), "--freeze-encoder",
                "--new-phase", "--train-seconds", seconds, "--total-seconds", seconds,
                *shlex.split(args.gan_args)]  # fmt: skip
         daemon(gan, cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc")
-    rcs = [_quote(str(work / f"{name}.rc")) for name in (*runs, *(["gan"] if shards else []))]
+        jobs.append("gan")
+    rcs = [_quote(str(work / f"{name}.rc")) for name in jobs]
     pending = " || ".join(f"[ ! -f {rc} ]" for rc in rcs)
     done = f"while {pending}; do sleep 5; done; echo finished > {_quote(str(work / 'DONE'))}"
     daemon(["sh", "-c", done], cwd=src, log_path=work / "waiter.log")
