@@ -95,6 +95,7 @@ DUAL_AR_CANDIDATES: dict[str, dict[str, Any]] = {
     "ar-256x4": dual_ar_dict(256, 4, 768, fast_dim=256, n_fast_layer=1, fast_intermediate_size=768, head_dim=64),
     # 8 codebooks, as upstream: pairs with codec-c128-g8 (twice the bits per frame, one fast step more per codebook)
     "ar-192x4-c8": dual_ar_dict(192, 4, 512, fast_dim=192, n_fast_layer=1, fast_intermediate_size=512, num_codebooks=8),
+    "ar-192x6-c8": dual_ar_dict(192, 6, 512, fast_dim=192, n_fast_layer=1, fast_intermediate_size=512, num_codebooks=8),
 }
 CODEC_CANDIDATES: dict[str, dict[str, Any]] = {
     "codec-c96": codec_dict(96, feature_dim=128),

@@ -10,6 +10,8 @@ under one work folder, and each call only starts a stage, waits, or collects:
                 GPU, then trains the DualAR and the codec's GAN phase (encoder frozen: the codes stay valid) side by
                 side until the deadline
   start-dual-ar hold B: the DualAR on carried codes ∥ the decoder-only phase on carried shards (daemons)
+  start-teacher hold E: Piper speaks the corpus items a carried code pack lacks; their codes join the pack that
+                running DualARs re-read (daemon `teach`)
   wait          block until the orchestrator is done or N seconds have passed, printing progress, then collect
   collect       copy the small outputs (checkpoints, logs, codes, samples, ≤ 16 MiB each) into OUT
 
@@ -128,8 +130,11 @@ def start_dual_ar(args: argparse.Namespace) -> None:
     src = copy_code(Path.cwd(), work)
     codes = work / "carried_codes.npz"  # not codes_live.npz: it came from here, collect need not send it back
     shutil.copyfile(args.codes, codes)
-    (work / "codec").mkdir(exist_ok=True)
-    shutil.copyfile(args.codec, work / "codec" / "codec_resume.safetensors")
+    if args.shards:  # the decoder-only phase continues that codec
+        if args.codec is None:
+            raise SystemExit("--shards needs --codec: the codec resume file whose decoder they train")
+        (work / "codec").mkdir(exist_ok=True)
+        shutil.copyfile(args.codec, work / "codec" / "codec_resume.safetensors")
     shards = _copy_shards(args.shards, work)
     seconds = f"{args.seconds:.0f}"
     runs = {"dual_ar": shlex.split(args.dual_ar_args)}
@@ -158,6 +163,114 @@ def start_dual_ar(args: argparse.Namespace) -> None:
     log(work, f"{', '.join(runs)}{phase} started for {seconds} s")
 
 
+def _start_teacher(work: Path, workers: int, piper_python: str, shard_items: int) -> subprocess.Popen[bytes]:
+    """training.teacher on WORK/corpus.jsonl into WORK/teacher (resumes: finished shards are kept)."""
+    log(work, f"teacher started on {workers} cores")
+    return subprocess.Popen(
+        [sys.executable, "-m", "training.teacher", "--corpus", str(work / "corpus.jsonl"), "--out",
+         str(work / "teacher"), "--piper-python", piper_python, "--workers", str(workers),
+         "--shard-items", str(shard_items), "--piper-threads", "1"],
+        cwd=work / "src", stdout=(work / "teacher.log").open("ab"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def stop_teacher(teacher: subprocess.Popen[bytes]) -> None:
+    if teacher.poll() is None:
+        teacher.send_signal(signal.SIGTERM)  # training.teacher kills its Piper processes and keeps done shards
+        try:
+            teacher.wait(60)
+        except subprocess.TimeoutExpired:
+            teacher.kill()
+
+
+def _encode(
+    work: Path,
+    manifest: Path,
+    codec: Path,
+    out: Path,
+    device: str,
+    previous: Path | None = None,
+    load_workers: int = 12,
+) -> int:
+    """training.encode_codes: every utterance of `manifest` (reusing `previous`' codes) into `out`; its exit status."""
+    cmd = [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(codec),
+           "--out", str(out), "--device", device, "--batch-s", "900", "--load-workers", str(load_workers)]  # fmt: skip
+    cmd += ["--previous", str(previous)] if previous is not None else []
+    with (work / "encode.log").open("ab") as encode_log:
+        return subprocess.call(cmd, cwd=work / "src", stdout=encode_log, stderr=subprocess.STDOUT)
+
+
+def start_teacher_hold(args: argparse.Namespace) -> None:
+    """Hold E: Piper speaks the training items of the corpus that a carried code pack lacks, while DualARs train on
+    that pack (`start-dual-ar` with `--codes-refresh WORK/codes_live.npz` in its flags). Every `--refresh-s` the new
+    utterances are encoded with the pack's codec into WORK/codes_new.npz (they alone: it comes back) and
+    WORK/codes_live.npz (the pack plus them) is replaced; the trainers re-read it at their next epoch."""
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    src = copy_code(Path.cwd(), work)
+    from training.dual_ar_data import CodesPack
+
+    shutil.copyfile(args.base_codes, work / "base_codes.npz")
+    shutil.copyfile(args.codec, work / "teacher_codec.safetensors")
+    known = set(CodesPack.load(work / "base_codes.npz").ids)
+    kept = skipped = 0
+    with args.corpus.open() as src_rows, (work / "corpus.jsonl").open("w") as rest:
+        for line in src_rows:
+            row = json.loads(line)
+            if row["split"] != "train" or row["id"] in known:  # held-out items never reach a trainer
+                skipped += 1
+                continue
+            rest.write(line if line.endswith("\n") else line + "\n")
+            kept += 1
+    deadline = time.time() + args.seconds
+    cmd = [sys.executable, "-m", "training.device_pipeline", "teach", "--work", str(work), "--deadline",
+           str(deadline), "--workers", str(args.workers), "--piper-python", args.piper_python,
+           "--shard-items", str(args.shard_items), "--refresh-s", str(args.refresh_s),
+           "--encode-device", args.encode_device]  # fmt: skip
+    daemon(cmd, cwd=src, log_path=work / "teach.log", rc_path=work / "teach.rc")
+    log(work, f"teacher hold: {kept} corpus items to speak ({skipped} held out or already in the pack)")
+
+
+def teach(args: argparse.Namespace) -> None:
+    """The daemon of `start-teacher`: speak, encode every `--refresh-s`, hand the grown pack to the trainers."""
+    from training.dual_ar_data import CodesPack
+    from training.encode_codes import merge_packs
+    from training.teacher import merge_manifests
+
+    work: Path = args.work
+    new, live = work / "codes_new.npz", work / "codes_live.npz"
+    base = CodesPack.load(work / "base_codes.npz")
+    teacher = _start_teacher(work, args.workers, args.piper_python, args.shard_items)
+    encoded = 0
+    try:
+        while True:
+            finished = teacher.poll() is not None
+            if not finished:
+                time.sleep(max(0.0, min(args.refresh_s, args.deadline - time.time())))
+            if time.time() >= args.deadline:
+                log(work, "teacher hold: deadline reached")
+                break
+            if (work / "teacher" / "shards").exists():
+                manifest, rows, hours = merge_manifests(work / "teacher")
+                if rows > encoded:
+                    previous = new if new.exists() else None
+                    rc = _encode(work, manifest, work / "teacher_codec.safetensors", work / "codes_new_next.npz",
+                                 args.encode_device, previous, load_workers=4)  # fmt: skip
+                    if rc != 0:
+                        log(work, f"encoding failed (rc {rc}); see encode.log")
+                        break
+                    os.replace(work / "codes_new_next.npz", new)
+                    merge_packs(base, CodesPack.load(new)).save(work / "codes_live_next.npz")
+                    os.replace(work / "codes_live_next.npz", live)
+                    encoded = rows
+                    log(work, f"codes refreshed: {rows} new utterances ({hours:.2f} h) beside {len(base.ids)}")
+            if finished:
+                log(work, f"teacher finished (rc {teacher.returncode})")
+                break
+    finally:
+        stop_teacher(teacher)
+
+
 def orchestrate(args: argparse.Namespace) -> None:
     work: Path = args.work
     src = work / "src"
@@ -165,21 +278,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     teacher_dir = work / "teacher"
 
     def start_teacher(workers: int) -> subprocess.Popen[bytes]:
-        log(work, f"teacher started on {workers} cores")
-        return subprocess.Popen(
-            [sys.executable, "-m", "training.teacher", "--corpus", str(work / "corpus.jsonl"), "--out",
-             str(teacher_dir), "--piper-python", args.piper_python, "--workers", str(workers),
-             "--shard-items", str(args.teacher_shard_items), "--piper-threads", "1"],
-            cwd=src, stdout=(work / "teacher.log").open("ab"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def stop_teacher(teacher: subprocess.Popen[bytes]) -> None:
-        if teacher.poll() is None:
-            teacher.send_signal(signal.SIGTERM)  # training.teacher kills its Piper processes and keeps done shards
-            try:
-                teacher.wait(60)
-            except subprocess.TimeoutExpired:
-                teacher.kill()
+        return _start_teacher(work, workers, args.piper_python, args.teacher_shard_items)
 
     teacher = start_teacher(args.teacher_workers)
     sys.path.insert(0, str(src))
@@ -239,13 +338,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     started = time.monotonic()
 
     def encode(codec: Path, out: Path, previous: Path | None = None, load_workers: int = 12) -> int:
-        """training.encode_codes on the GPU: every utterance of the current manifest (reusing `previous`' codes)."""
-        cmd = [sys.executable, "-m", "training.encode_codes", "--manifest", str(manifest), "--codec", str(codec),
-               "--out", str(out), "--device", args.encode_device, "--batch-s", "900",
-               "--load-workers", str(load_workers)]  # fmt: skip
-        cmd += ["--previous", str(previous)] if previous is not None else []
-        with (work / "encode.log").open("ab") as encode_log:
-            return subprocess.call(cmd, cwd=src, stdout=encode_log, stderr=subprocess.STDOUT)
+        return _encode(work, manifest, codec, out, args.encode_device, previous, load_workers)
 
     rc = encode(codec_file, work / "codes.npz")
     if rc != 0:
@@ -326,7 +419,7 @@ def _audio_prefix(manifest: Path, out: Path, seconds: float) -> tuple[int, float
 
 # What comes back, relative to WORK (missing files are skipped).
 RETURNED = [
-    "pipeline.log", "codec.log", "orchestrator.log", "teacher.log", "encode.log", "dual_ar.log", "gan.log",
+    "pipeline.log", "codec.log", "orchestrator.log", "teacher.log", "teach.log", "encode.log", "dual_ar.log", "gan.log",
     "codec/codec_resume.safetensors", "codec/codec_log.jsonl", "codec/codec_sample.wav",
     "teacher/timings.jsonl", "teacher/manifest.jsonl", "codes_live.npz",
     "dual_ar/dual_ar_best.safetensors", "dual_ar/dual_ar_resume.safetensors", "dual_ar/dual_ar_log.jsonl",
@@ -379,7 +472,8 @@ def wait(args: argparse.Namespace) -> None:
     while time.monotonic() < until and not (work / "DONE").exists() and not (work / "FAILED").exists():
         time.sleep(min(30.0, max(0.0, until - time.monotonic())))
         variant_logs = sorted(p.name for p in work.glob("dual_ar_*.log"))
-        for name in ("pipeline.log", "codec.log", "teacher.log", "encode.log", "dual_ar.log", "gan.log", *variant_logs):
+        logs = ("pipeline.log", "codec.log", "teacher.log", "teach.log", "encode.log", "dual_ar.log", "gan.log")
+        for name in (*logs, *variant_logs):
             path = work / name
             if not path.exists():
                 continue
@@ -431,7 +525,7 @@ def main(argv: list[str] | None = None) -> None:
     d = sub.add_parser("start-dual-ar")
     d.add_argument("--work", type=Path, required=True)
     d.add_argument("--codes", type=Path, required=True, help="codes_live.npz of hold A")
-    d.add_argument("--codec", type=Path, required=True, help="the codec resume file that made those codes")
+    d.add_argument("--codec", type=Path, help="the codec resume file that made those codes (with --shards)")
     d.add_argument("--shards", nargs="*", default=[], help="shards for the decoder-only phase (none: no such phase)")
     d.add_argument("--seconds", type=float, required=True)
     d.add_argument("--dual-ar-args", default="", help="dual_ar_train flags for every DualAR run, one string")
@@ -439,6 +533,25 @@ def main(argv: list[str] | None = None) -> None:
         "--variant", action="append", default=[], help="NAME=FLAGS: one more DualAR run (dual_ar_NAME); repeatable"
     )
     d.add_argument("--gan-args", default="")
+    t = sub.add_parser("start-teacher")
+    t.add_argument("--work", type=Path, required=True)
+    t.add_argument("--corpus", type=Path, required=True)
+    t.add_argument("--base-codes", type=Path, required=True, help="the pack the trainers start from")
+    t.add_argument("--codec", type=Path, required=True, help="the codec resume file that made that pack")
+    t.add_argument("--seconds", type=float, required=True, help="stop speaking and encoding after this long")
+    t.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 4) - 3))
+    t.add_argument("--piper-python", default=sys.executable)
+    t.add_argument("--shard-items", type=int, default=40)
+    t.add_argument("--refresh-s", type=float, default=60.0)
+    t.add_argument("--encode-device", default="cuda")
+    e = sub.add_parser("teach")
+    e.add_argument("--work", type=Path, required=True)
+    e.add_argument("--deadline", type=float, required=True)
+    e.add_argument("--workers", type=int, required=True)
+    e.add_argument("--piper-python", required=True)
+    e.add_argument("--shard-items", type=int, required=True)
+    e.add_argument("--refresh-s", type=float, required=True)
+    e.add_argument("--encode-device", required=True)
     o = sub.add_parser("orchestrate")
     o.add_argument("--work", type=Path, required=True)
     o.add_argument("--deadline", type=float, required=True)
@@ -468,6 +581,10 @@ def main(argv: list[str] | None = None) -> None:
         start_rest(args)
     elif args.command == "start-dual-ar":
         start_dual_ar(args)
+    elif args.command == "start-teacher":
+        start_teacher_hold(args)
+    elif args.command == "teach":
+        teach(args)
     elif args.command == "orchestrate":
         orchestrate(args)
     elif args.command == "wait":

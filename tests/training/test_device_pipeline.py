@@ -142,8 +142,41 @@ def test_hold_a_then_hold_b_run_end_to_end_with_a_stand_in_piper(tmp_path: Path)
              "--dual-ar-args=--config tiny --device cpu --max-tokens 1024")  # fmt: skip
         assert _wait_for(hold_c, 240) == "DONE"
         assert (hold_c / "dual_ar.rc").read_text().strip() == "0" and not (hold_c / "gan.log").exists()
+        _hold_e_speaks_what_the_pack_lacks(tmp_path, corpus, hold_a)
     finally:  # the daemons outlive their starter by design: end them with the test
         _kill_processes_mentioning(str(tmp_path))
+
+
+def _hold_e_speaks_what_the_pack_lacks(tmp_path: Path, corpus: Path, hold_a: Path) -> None:
+    """Hold E: a pack missing some training items; the teacher speaks just those, and a DualAR started on the pack
+    re-reads the grown one (its log says so)."""
+    full = CodesPack.load(hold_a / "codes_live.npz")
+    keep = full.indices("test") + full.indices("train")[:8]
+    base = CodesPack(
+        ids=[full.ids[i] for i in keep], texts=[full.texts[i] for i in keep], splits=[full.splits[i] for i in keep],
+        codes=[full.codes[i] for i in keep], samples_per_frame=full.samples_per_frame,
+        sample_rate_hz=full.sample_rate_hz,
+    )  # fmt: skip
+    base.save(tmp_path / "base.npz")
+    hold_e = tmp_path / "e"
+    codec = str(hold_a / "codec" / "codec_resume.safetensors")
+    _run("start-teacher", "--work", str(hold_e), "--corpus", str(corpus), "--base-codes", str(tmp_path / "base.npz"),
+         "--codec", codec, "--seconds", "200", "--workers", "2", "--shard-items", "4", "--refresh-s", "1",
+         "--piper-python", str(FAKE_PIPER), "--encode-device", "cpu")  # fmt: skip
+    _run("start-dual-ar", "--work", str(hold_e), "--codes", str(tmp_path / "base.npz"), "--seconds", "20", f"--dual-ar-args=--config tiny --device cpu --max-tokens 1024 --codes-refresh "
+         f"{hold_e / 'codes_live.npz'}")  # fmt: skip
+    assert _wait_for(hold_e, 240) == "DONE"
+    deadline = time.monotonic() + 120
+    while not (hold_e / "teach.rc").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (hold_e / "teach.rc").read_text().strip() == "0", (hold_e / "teach.log").read_text()[-2000:]
+    new = CodesPack.load(hold_e / "codes_new.npz")
+    lacking = {full.ids[i] for i in full.indices("train")[8:]}
+    assert set(new.ids) == lacking and set(new.splits) == {"train"}  # the held-out items are never spoken
+    live = CodesPack.load(hold_e / "codes_live.npz")
+    assert live.ids == base.ids + new.ids
+    log = [json.loads(line) for line in (hold_e / "dual_ar" / "dual_ar_log.jsonl").read_text().splitlines()]
+    assert max(row.get("refreshed_utterances", 0) for row in log) > len(base.ids)  # the trainer took the grown pack
 
 
 def _kill_processes_mentioning(text: str) -> None:
