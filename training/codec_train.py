@@ -378,18 +378,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         total_seconds=args.total_seconds, warmup_steps=args.warmup_steps, adversarial=args.adversarial,
         freeze_encoder=args.freeze_encoder, seed=args.seed, amp=args.amp, cuda_graph=args.cuda_graph,
     )  # fmt: skip
-    if args.resume is not None and args.resume.is_file():
+    if args.resume is not None and not args.resume.is_file():  # a typo must not start a fresh run silently
+        raise SystemExit(f"--resume {args.resume}: no such file (leave --resume out to train from scratch)")
+    if args.resume is not None:
         _, meta = load_resume(args.resume)
         cfg = dataclasses.replace(cfg, codec=meta.get("codec_config", cfg.codec))  # the resumed model's shape wins
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     audio = AudioShard(args.shards, CodecConfig.from_dict(cfg.codec).sample_rate, device)
-    resumed = args.resume if args.resume is not None and args.resume.is_file() else None
-    print(json.dumps({"audio_s": audio.duration_s, "device": str(device), "resume": str(resumed)}), flush=True)
+    print(json.dumps({"audio_s": audio.duration_s, "device": str(device), "resume": str(args.resume)}), flush=True)
     with jsonl_log(args.out / LOG_NAME) as on_log:
         result = train_codec(
             cfg, audio, device=device, max_steps=args.max_steps, max_seconds=args.train_seconds,
-            resume=resumed, out=args.out,
+            resume=args.resume, out=args.out,
             on_log=on_log, new_phase=args.new_phase,
         )  # fmt: skip
         _, held_out = audio.split(cfg.holdout_fraction)

@@ -362,7 +362,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--codes-refresh", type=Path, help="a codes.npz that grows while training (re-read per epoch)")
     args = parser.parse_args(argv)
 
-    resume = args.resume if args.resume is not None and args.resume.is_file() else None
+    if args.resume is not None and not args.resume.is_file():  # a typo must not start a fresh run silently
+        raise SystemExit(f"--resume {args.resume}: no such file (leave --resume out to train from scratch)")
+    resume = args.resume
     dual_ar = json.loads(Path(args.config).read_text()) if args.config.endswith(".json") else None
     dual_ar = dual_ar or named_config(args.config, DUAL_AR_CANDIDATES)
     if resume is not None:

@@ -142,3 +142,12 @@ def test_manifest_pack_and_shard_roundtrip(tmp_path) -> None:
     n = min(shard.audio.shape[0], original.shape[0])
     err = np.abs(shard.audio.numpy()[:n] - original[:n])
     assert err[1000:20000].max() < 3e-3  # 16-bit storage + two resamplings
+
+
+def test_a_resume_file_that_does_not_exist_is_refused(tmp_path) -> None:
+    """`--resume` names a file the user means: a typo must not start a fresh run that looks like a resumed one."""
+    from training.codec_train import main
+
+    missing = tmp_path / "nope.safetensors"
+    with pytest.raises(SystemExit, match=r"--resume .*nope\.safetensors: no such file \(leave --resume out"):
+        main(["train", "--shards", str(tmp_path / "s.npz"), "--out", str(tmp_path / "out"), "--resume", str(missing)])

@@ -202,3 +202,12 @@ def test_residual_dropout_acts_in_training_only() -> None:
     model.train()
     assert not torch.equal(model(inp)[0], before)
     assert add_residual_dropout(model, 0.0) == []
+
+
+def test_a_resume_file_that_does_not_exist_is_refused(tmp_path) -> None:
+    """`--resume` names a file the user means: a typo must not start a fresh run that looks like a resumed one."""
+    from training.dual_ar_train import main
+
+    missing = tmp_path / "nope.safetensors"
+    with pytest.raises(SystemExit, match=r"--resume .*nope\.safetensors: no such file \(leave --resume out"):
+        main(["--codes", str(tmp_path / "codes.npz"), "--out", str(tmp_path / "out"), "--resume", str(missing)])
