@@ -57,7 +57,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 max_seq_len=settings.max_seq_len,
                 graphs_up_front=settings.graphs_up_front,
                 graph_first_frames=settings.graph_first_frames == "on",
-                graph_prefill=settings.graph_prefill == "on",
+                graph_prefill={"on": True, "off": False}.get(settings.graph_prefill),
                 batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
             )
         )

@@ -73,11 +73,12 @@ class BackendConfig:
     # spare row), on a GPU one CUDA graph per bucket; bitwise the plain path's frames (tests/streaming/test_engine.py,
     # tests/model/test_gpu.py); run 8 on the H200: steady 128 streams p95 first audio 830 → 300 ms
     graph_first_frames: bool = True
-    # GPU: prefill chunks run through one CUDA graph per (rows, chunk, attention length) bucket, captured on first use
-    # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. GPU test passes;
-    # run 10: with the idle delay level-1 first audio is 34 ms p50, but a first burst still pays its captures; off
-    # until measured against off in one hold (docs/BENCHMARKS.md)
-    graph_prefill: bool = False
+    # prefill chunks run through one CUDA graph per (rows, chunk, attention length) bucket, captured on first use
+    # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. GPU test passes.
+    # None = on for a GPU with CUDA graphs unless batch-invariant, off on CPU (there the padded passes only cost):
+    # run 11, on and off in one hold, level-1 first audio p50 35 against 45-88 ms, a first burst of 64 2.6 against
+    # 4.6 s, a warmed one 487 against 511 ms (docs/BENCHMARKS.md)
+    graph_prefill: bool | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
     cpu_threads: int | None = 1
@@ -127,6 +128,12 @@ class Backend:
         # rows: [0, max_sessions) sessions, then one scratch row for swaps, then the voice-prefix rows
         self.session_rows = config.max_sessions + 1
         self.prefix_rows = list(range(self.session_rows, self.session_rows + PREFIX_ROWS))
+        graph_prefill = (
+            self.device.type == "cuda" and config.cuda_graphs and not invariant
+            if config.graph_prefill is None
+            else config.graph_prefill
+        )
+        self.graph_prefill = graph_prefill
         self.stepper = DecodeStepper(
             self.model,
             self.session_rows + PREFIX_ROWS,
@@ -136,7 +143,7 @@ class Backend:
             length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
-            prefill_scratch_row=self.session_rows - 1 if config.graph_prefill else None,
+            prefill_scratch_row=self.session_rows - 1 if graph_prefill else None,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         graphs = self.device.type == "cuda" and config.cuda_graphs

@@ -127,9 +127,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--graph-first-frames", "off"]).graph_first_frames == "off"
     with pytest.raises(SystemExit, match="graph-first-frames must be on or off"):
         parse_settings(["--graph-first-frames", "yes"])
-    assert parse_settings([]).graph_prefill == "off"
+    assert parse_settings([]).graph_prefill == "auto"  # on for a GPU with CUDA graphs, off on CPU (backend)
     assert parse_settings(["--graph-prefill", "on"]).graph_prefill == "on"
-    with pytest.raises(SystemExit, match="graph-prefill must be on or off"):
+    assert parse_settings(["--graph-prefill", "off"]).graph_prefill == "off"
+    with pytest.raises(SystemExit, match="graph-prefill must be auto, on or off"):
         parse_settings(["--graph-prefill", "yes"])
     with pytest.raises(SystemExit, match="--graphs-up-front must be at least 1"):
         parse_settings(["--graphs-up-front", "0"])

@@ -36,6 +36,12 @@ def test_large_batches_are_split_and_give_the_same_result(monkeypatch) -> None:
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 
 
+def test_graph_prefill_left_unset_is_off_on_cpu() -> None:
+    """The default (None) means on for a GPU with CUDA graphs, off here: on a CPU the padded passes only cost."""
+    backend = Backend(BackendConfig(max_sessions=2))
+    assert backend.graph_prefill is False and backend.stepper.static_prefill is None
+
+
 def test_graph_prefill_gives_the_plain_prefill_within_rounding() -> None:
     """graph_prefill: the backend's calls run through the stepper's padded static passes (batched engines: passes of
     up to 4 rows; batch-invariant ones: one row at a time), equal to the plain prefill but for the last bits that the
