@@ -148,7 +148,8 @@ def parse_tts_request(
         max_new_tokens=check_range("max_new_tokens", _get(req, "max_new_tokens", 1024), MAX_NEW_TOKENS, integer=True),
         seed=seed,
         condition_on_previous_chunks=check_bool(
-            "condition_on_previous_chunks", _get(req, "condition_on_previous_chunks", True)
+            "condition_on_previous_chunks",
+            _get(req, "condition_on_previous_chunks", sampling.condition_on_previous_chunks),
         ),
         latency=latency,
         max_audio_s=MAX_AUDIO_S_PER_UTTERANCE,

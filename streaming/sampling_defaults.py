@@ -1,9 +1,11 @@
 """What a request that names no sampling value gets, and the ranges every sampling value must fall in.
 
-Fish's defaults (temperature 0.7, top-p 0.7, repetition penalty 1.2) suit the official weights. A model folder can
-declare its own in `fishgate.json` (`"sampling": {"temperature": 0.4}`): the small embedded default voice reads
-more words correctly at a lower temperature (issue 6's gate, model/default_model/README.md). A request's own values
-always win; the server validates them against the same ranges (server/params.py).
+Fish's defaults (temperature 0.7, top-p 0.7, repetition penalty 1.2, each segment conditioned on the utterance's
+previous ones) suit the official weights. A model folder can declare its own in `fishgate.json`
+(`"sampling": {"temperature": 0.4, "condition_on_previous_chunks": false}`): the small embedded default voice reads
+more words correctly at a lower temperature, and it was trained on single utterances without a previous segment in
+the prompt, so it reads each segment on its own (issue 6's gate, model/default_model/README.md). A request's own
+values always win; the server validates them against the same ranges (server/params.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class SamplingDefaults:
     temperature: float = 0.7
     top_p: float = 0.7
     repetition_penalty: float = 1.2
+    # Fish's request field: each segment's prompt holds the utterance's previous segments (text and codes)
+    condition_on_previous_chunks: bool = True
 
     @classmethod
     def from_metadata(cls, raw: Any, source: str) -> SamplingDefaults:
@@ -38,19 +42,27 @@ class SamplingDefaults:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"{source}: unknown sampling field(s) {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
         for name, value in raw.items():
+            if name == "condition_on_previous_chunks":
+                if not isinstance(value, bool):
+                    raise ValueError(f"{source}: sampling.{name} must be true or false (got {value!r})")
+                values[name] = value
+                continue
             lo, hi = SAMPLING_RANGES[name]
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             if not ok or not lo <= value <= hi:
                 raise ValueError(f"{source}: sampling.{name} must be a number in [{lo}, {hi}] (got {value!r})")
-        return cls(**{name: float(value) for name, value in raw.items()})
+            values[name] = float(value)
+        return cls(**values)
 
     def applied_to(self, settings: SynthesisSettings) -> SynthesisSettings:
         """`settings` with these sampling values: what the servers' parsers build for a request that names none
         (programmatic callers of the engine pass their settings whole)."""
         return replace(
-            settings, temperature=self.temperature, top_p=self.top_p, repetition_penalty=self.repetition_penalty
-        )
+            settings, temperature=self.temperature, top_p=self.top_p, repetition_penalty=self.repetition_penalty,
+            condition_on_previous_chunks=self.condition_on_previous_chunks,
+        )  # fmt: skip
 
 
 FISH_SAMPLING = SamplingDefaults()  # upstream's defaults, for models that declare none

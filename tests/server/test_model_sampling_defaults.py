@@ -46,3 +46,22 @@ def test_the_model_default_applies_when_the_request_names_no_temperature(greedy_
 def test_a_temperature_in_the_request_wins(greedy_server: ServerHandle) -> None:
     one, two = (live_pcm(greedy_server, TEXT, seed, temperature=0.9) for seed in (1, 2))
     assert len(one) > 0 and one != two
+
+
+def test_a_folder_trained_without_history_reads_each_segment_alone_unless_the_request_asks() -> None:
+    """`"condition_on_previous_chunks": false` in fishgate.json's `sampling` (a DualAR trained on single utterances,
+    as the embedded default voice): the Fish, live and OpenAI parsers default to it; a request's own value wins."""
+    from server.openai_http import parse_speech_request
+    from server.params import parse_tts_request
+    from streaming.sampling_defaults import SamplingDefaults
+
+    alone = SamplingDefaults(temperature=0.4, condition_on_previous_chunks=False)
+    assert parse_tts_request({"text": "Hi."}, max_text_chars=99).settings.condition_on_previous_chunks is True
+    assert (
+        parse_tts_request({"text": "Hi."}, max_text_chars=99, sampling=alone).settings.condition_on_previous_chunks
+        is False
+    )
+    asked = parse_tts_request({"text": "Hi.", "condition_on_previous_chunks": True}, max_text_chars=99, sampling=alone)
+    assert asked.settings.condition_on_previous_chunks is True
+    openai = parse_speech_request({"input": "Hi.", "voice": "default"}, max_text_chars=99, sampling=alone)
+    assert openai.params.settings.condition_on_previous_chunks is False and openai.params.settings.temperature == 0.4

@@ -56,6 +56,27 @@ def test_streamed_audio_equals_offline_decode_across_segment_seams() -> None:
     assert np.abs(utt.pcm - offline).max() <= 1e-4  # seam included: one continuous decoder state
 
 
+def test_without_conditioning_a_segment_does_not_depend_on_the_ones_before() -> None:
+    """condition_on_previous_chunks=False (a model trained on single utterances): each segment's prompt is the
+    voice prefix and its own text, so two utterances that differ only in their first segment (of equal length, so
+    the seeded noise counters agree) give the same second segment; with conditioning on they differ."""
+
+    async def second_segments(condition: bool) -> list[np.ndarray]:
+        settings = SynthesisSettings(seed=1234, max_new_tokens=12, condition_on_previous_chunks=condition)
+        out = []
+        with running_engine() as engine:
+            for first in ("Hello there, this is a test.", "Quite different words come first here."):
+                utt = await speak(engine.open_session(Voice(), settings), first, "A second sentence follows it.")
+                assert [s.codes.shape[1] for s in utt.segments] == [12, 12] and not utt.errors
+                out.append(utt.segments[1].codes)
+        return out
+
+    alone = asyncio.run(second_segments(False))
+    assert np.array_equal(alone[0], alone[1])
+    conditioned = asyncio.run(second_segments(True))
+    assert not np.array_equal(conditioned[0], conditioned[1])
+
+
 async def seeded_beside_others(engine: Engine, texts: list[str]) -> tuple[Utterance, list[Utterance]]:
     """The seeded session (SETTINGS, TEXTS) started after unseeded others speaking `texts`; (its utterance, theirs)."""
     others = [engine.open_session(Voice(), SynthesisSettings(seed=i, temperature=1.0)) for i in range(len(texts))]

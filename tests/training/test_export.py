@@ -186,3 +186,16 @@ def test_codec_resynthesis_writes_every_test_clip(tmp_path) -> None:
     for (_, wav, _), seconds in zip(clips, (0.5, 0.6), strict=True):
         audio, rate = sf.read(wav)
         assert rate == SAMPLE_RATE_HZ and abs(len(audio) / rate - seconds) < 2 * 2048 / SAMPLE_RATE_HZ
+
+
+def test_the_history_default_follows_the_training_mix_unless_given() -> None:
+    """export's `--condition-on-previous-chunks auto`: a DualAR trained with no previous segment in its prompts
+    (p_history 0, the default voice) gets a folder that reads each segment alone; one that saw history keeps Fish's
+    default; `true` / `false` override."""
+    from training.checkpoints import history_default
+
+    never = {"train_config": {"mix": {"p_history": 0.0, "p_reference": 0.0}}}
+    often = {"train_config": {"mix": {"p_history": 0.5}}}
+    assert history_default("auto", never) is False and history_default("auto", often) is True
+    assert history_default("auto", {}) is True  # unknown: Fish's default
+    assert history_default("true", never) is True and history_default("false", often) is False
