@@ -128,12 +128,11 @@ class Backend:
         # rows: [0, max_sessions) sessions, then one scratch row for swaps, then the voice-prefix rows
         self.session_rows = config.max_sessions + 1
         self.prefix_rows = list(range(self.session_rows, self.session_rows + PREFIX_ROWS))
-        graph_prefill = (
+        self.graph_prefill = (
             self.device.type == "cuda" and config.cuda_graphs and not invariant
             if config.graph_prefill is None
             else config.graph_prefill
         )
-        self.graph_prefill = graph_prefill
         self.stepper = DecodeStepper(
             self.model,
             self.session_rows + PREFIX_ROWS,
@@ -143,7 +142,7 @@ class Backend:
             length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
-            prefill_scratch_row=self.session_rows - 1 if graph_prefill else None,
+            prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         graphs = self.device.type == "cuda" and config.cuda_graphs

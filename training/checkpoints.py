@@ -97,6 +97,14 @@ def load_resume(path: Path) -> tuple[dict[str, dict[str, torch.Tensor]], dict[st
     return parts, meta
 
 
+def require_resume_file(path: Path | None) -> Path | None:
+    """A trainer's `--resume` as given, or SystemExit when it names no file: a typo must not start a fresh run that
+    looks like a resumed one."""
+    if path is not None and not path.is_file():
+        raise SystemExit(f"--resume {path}: no such file (leave --resume out to train from scratch)")
+    return path
+
+
 # ---- export ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ExportedFolder:

@@ -26,7 +26,7 @@ import torch
 from model.codec_config import CodecConfig
 
 from .audio_pack import DEFAULT_PACK_RATE_HZ, DEFAULT_SHARD_BYTES, AudioShard, pack_shards, read_manifest
-from .checkpoints import load_resume, save_resume, write_wav
+from .checkpoints import load_resume, require_resume_file, save_resume, write_wav
 from .codec_losses import Discriminators, ReconstructionLoss, discriminator_loss, generator_adversarial_loss
 from .codec_model import TrainableCodec
 from .configs import CODEC_CANDIDATES, named_config
@@ -378,9 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         total_seconds=args.total_seconds, warmup_steps=args.warmup_steps, adversarial=args.adversarial,
         freeze_encoder=args.freeze_encoder, seed=args.seed, amp=args.amp, cuda_graph=args.cuda_graph,
     )  # fmt: skip
-    if args.resume is not None and not args.resume.is_file():  # a typo must not start a fresh run silently
-        raise SystemExit(f"--resume {args.resume}: no such file (leave --resume out to train from scratch)")
-    if args.resume is not None:
+    if require_resume_file(args.resume) is not None:
         _, meta = load_resume(args.resume)
         cfg = dataclasses.replace(cfg, codec=meta.get("codec_config", cfg.codec))  # the resumed model's shape wins
     args.out.mkdir(parents=True, exist_ok=True)

@@ -174,7 +174,7 @@ def _start_teacher(work: Path, workers: int, piper_python: str, shard_items: int
     )  # fmt: skip
 
 
-def stop_teacher(teacher: subprocess.Popen[bytes]) -> None:
+def _stop_teacher(teacher: subprocess.Popen[bytes]) -> None:
     if teacher.poll() is None:
         teacher.send_signal(signal.SIGTERM)  # training.teacher kills its Piper processes and keeps done shards
         try:
@@ -268,7 +268,7 @@ def teach(args: argparse.Namespace) -> None:
                 log(work, f"teacher finished (rc {teacher.returncode})")
                 break
     finally:
-        stop_teacher(teacher)
+        _stop_teacher(teacher)
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -322,7 +322,7 @@ def orchestrate(args: argparse.Namespace) -> None:
                 log(work, f"teacher exited with {teacher.returncode} (see teacher.log); waiting for the codec")
             time.sleep(POLL_S)
     finally:
-        stop_teacher(teacher)
+        _stop_teacher(teacher)
     codec_rc = (work / "codec.rc").read_text().strip()
     codec_file = work / "codec" / "codec_resume.safetensors"
     if codec_rc != "0" or not codec_file.exists():
@@ -396,7 +396,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             os.replace(work / "codes_next.npz", live)
             log(work, f"codes refreshed: {rows} utterances, {hours:.2f} h")
     finally:
-        stop_teacher(teacher)
+        _stop_teacher(teacher)
     status = {name: p.wait() for name, p in procs.items()}
     rcs = {name: (work / f"{name}.rc").read_text().strip() if (work / f"{name}.rc").exists() else "?" for name in procs}
     log(work, f"finished: {rcs} (wrappers {status})")

@@ -31,7 +31,7 @@ from model.frame import SamplingTensors
 from model.generate import generate, seeded_noise
 from model.layers import Attention, FeedForward
 
-from .checkpoints import byte_tokenizer, load_resume, save_resume
+from .checkpoints import byte_tokenizer, load_resume, require_resume_file, save_resume
 from .codec_train import lr_at
 from .configs import DUAL_AR_CANDIDATES, named_config
 from .dual_ar_data import (
@@ -362,9 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--codes-refresh", type=Path, help="a codes.npz that grows while training (re-read per epoch)")
     args = parser.parse_args(argv)
 
-    if args.resume is not None and not args.resume.is_file():  # a typo must not start a fresh run silently
-        raise SystemExit(f"--resume {args.resume}: no such file (leave --resume out to train from scratch)")
-    resume = args.resume
+    resume = require_resume_file(args.resume)
     dual_ar = json.loads(Path(args.config).read_text()) if args.config.endswith(".json") else None
     dual_ar = dual_ar or named_config(args.config, DUAL_AR_CANDIDATES)
     if resume is not None:

@@ -163,8 +163,9 @@ def _hold_e_speaks_what_the_pack_lacks(tmp_path: Path, corpus: Path, hold_a: Pat
     _run("start-teacher", "--work", str(hold_e), "--corpus", str(corpus), "--base-codes", str(tmp_path / "base.npz"),
          "--codec", codec, "--seconds", "200", "--workers", "2", "--shard-items", "4", "--refresh-s", "1",
          "--piper-python", str(FAKE_PIPER), "--encode-device", "cpu")  # fmt: skip
-    _run("start-dual-ar", "--work", str(hold_e), "--codes", str(tmp_path / "base.npz"), "--seconds", "20", f"--dual-ar-args=--config tiny --device cpu --max-tokens 1024 --codes-refresh "
-         f"{hold_e / 'codes_live.npz'}")  # fmt: skip
+    trainer = f"--config tiny --device cpu --max-tokens 1024 --codes-refresh {hold_e / 'codes_live.npz'}"
+    _run("start-dual-ar", "--work", str(hold_e), "--codes", str(tmp_path / "base.npz"), "--seconds", "20",
+         f"--dual-ar-args={trainer}")  # fmt: skip
     assert _wait_for(hold_e, 240) == "DONE"
     deadline = time.monotonic() + 120
     while not (hold_e / "teach.rc").exists() and time.monotonic() < deadline:
