@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .compiled_regions import region
 from .config import DualARConfig
-from .kv_cache import KVCache
-from .layers import Attention, Linear, RMSNorm, TransformerBlock, invariant_linear
+from .kv_cache import SEQ_ALIGN, KVCache
+from .layers import Attention, FeedForward, Linear, RMSNorm, TransformerBlock, invariant_linear
 from .rope import build_rope_table
 
 
@@ -55,7 +56,7 @@ class DualARTransformer(nn.Module):
         self.fast_layers = nn.ModuleList(
             TransformerBlock(
                 c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_intermediate_size,
-                bool(c.fast_attention_qkv_bias), c.norm_eps,
+                bool(c.fast_attention_qkv_bias), c.norm_eps, plain_fp32_attention=True,
             )
             for _ in range(c.n_fast_layer)
         )  # fmt: skip
@@ -65,8 +66,16 @@ class DualARTransformer(nn.Module):
         self.register_buffer(
             "fast_freqs_cis", build_rope_table(c.num_codebooks, c.fast_head_dim, c.rope_base), persistent=False
         )
+        # the fast step attends over its whole (tiny) cache, masked to the positions written so far (as upstream):
+        # one shape for every codebook position
+        fast_len = -(-c.num_codebooks // SEQ_ALIGN) * SEQ_ALIGN
+        cpu = torch.device("cpu")  # real data even under a meta-device context, like the RoPE tables
+        self.register_buffer("fast_causal", torch.ones(fast_len, fast_len, dtype=torch.bool, device=cpu).tril(), False)
+        self.register_buffer("fast_positions", torch.arange(fast_len, device=cpu), persistent=False)
         self.freqs_cis: torch.Tensor
         self.fast_freqs_cis: torch.Tensor
+        self.fast_causal: torch.Tensor
+        self.fast_positions: torch.Tensor
         self.batch_invariant = False
 
     def set_batch_invariant(self, enabled: bool) -> None:
@@ -75,6 +84,12 @@ class DualARTransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear | Attention):
                 module.batch_invariant = enabled
+
+    def fuse_feed_forward(self) -> None:
+        """One matmul for each layer's w1 and w3 (see layers.FeedForward.fuse); for inference after loading."""
+        for module in self.modules():
+            if isinstance(module, FeedForward):
+                module.fuse()
 
     # ---- caches ------------------------------------------------------------------------------------------------------
     def make_cache(self, n_slots: int, max_seq_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
@@ -110,6 +125,7 @@ class DualARTransformer(nn.Module):
         """True where a token id is a semantic (audio frame) token, elementwise."""
         return (tokens >= self.semantic_begin_id) & (tokens <= self.semantic_end_id)
 
+    @region
     def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = self.norm(hidden)
         if self.output is not None:
@@ -118,6 +134,7 @@ class DualARTransformer(nn.Module):
             return invariant_linear(normed, self.embeddings.weight)
         return F.linear(normed, self.embeddings.weight)
 
+    @region
     def fast_logits(self, fast_hidden: torch.Tensor) -> torch.Tensor:
         return self.fast_output(self.fast_norm(fast_hidden))
 
@@ -243,12 +260,16 @@ class DualARTransformer(nn.Module):
         return self.token_logits(x), self.fast_project_in(x)
 
     def fast_step(self, x: torch.Tensor, fast_cache: KVCache, pos: int) -> torch.Tensor:
-        """Fast stack at codebook position `pos` for rows [0, B): x (B, fast_dim) → logits (B, codebook_size)."""
+        """Fast stack at codebook position `pos` for rows [0, B): x (B, fast_dim) → logits (B, codebook_size).
+        Attends over the whole fast cache with positions after `pos` masked (positions [0, pos] were all written
+        during this frame), so every position runs the same shapes."""
         bsz = x.shape[0]
-        view = fast_cache.view(0, bsz, pos + 1)  # positions [0, pos] were all written during this frame
-        input_pos = torch.full((bsz, 1), pos, dtype=torch.long, device=x.device)
+        length = fast_cache.max_seq_len
+        view = fast_cache.view(0, bsz, length)
+        input_pos = self.fast_positions[pos : pos + 1].view(1, 1).expand(bsz, 1)
+        mask = self.fast_causal[pos, :length].view(1, 1, 1, length).expand(bsz, 1, 1, length)
         freqs = self.fast_freqs_cis[pos : pos + 1]
         h = x.unsqueeze(1)
         for i, layer in enumerate(self.fast_layers):
-            h = layer(h, freqs, view.k[i], view.v[i], input_pos, None)
+            h = layer(h, freqs, view.k[i], view.v[i], input_pos, mask)
         return self.fast_logits(h[:, 0])

@@ -7,10 +7,13 @@ writes its keys/values into a caller-provided cache view and attends over it; it
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .compiled_regions import region
 from .rope import apply_rope
 
 
@@ -26,9 +29,13 @@ class Linear(nn.Linear):
     batch_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_weight(x, self.weight, self.bias)
+
+    def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """This layer's product (batch-invariant or not) with another weight, e.g. a fused one."""
         if not self.batch_invariant:
-            return F.linear(x, self.weight, self.bias)
-        return invariant_linear(x, self.weight, self.bias)
+            return F.linear(x, weight, bias)
+        return invariant_linear(x, weight, bias)
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,10 +76,15 @@ def invariant_attention(
 
 
 class Attention(nn.Module):
+    """GQA attention. `plain_fp32`: attend by plain fp32 math instead of SDPA — the fast stack's ≤ 8 keys, where a
+    fused SDPA kernel cost 17 µs a call on an H200 (28 calls a frame) and the plain math is a few tiny kernels (one,
+    compiled); fp32 is at least as exact as SDPA's bf16 path."""
+
     batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
 
-    def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool) -> None:
+    def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool, plain_fp32: bool = False) -> None:
         super().__init__()
+        self.plain_fp32 = plain_fp32
         self.n_head = n_head
         self.n_local_heads = n_local_heads
         self.head_dim = dim // n_head
@@ -115,7 +127,9 @@ class Attention(nn.Module):
             if mask is not None:
                 attn_mask = mask.unsqueeze(2).expand(bsz, 1, group, seqlen, mask.shape[-1])
                 attn_mask = attn_mask.reshape(bsz, 1, group * seqlen, mask.shape[-1])
-        if self.batch_invariant or x.device.type == "cpu":
+        if self.plain_fp32:
+            y = invariant_attention(q.float(), keys.float(), values.float(), attn_mask).to(q.dtype)
+        elif self.batch_invariant or x.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes
             y = invariant_attention(q, keys, values, attn_mask)
         else:
@@ -125,26 +139,62 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """SwiGLU. After `fuse()`, w1 and w3 are views into one (2·I, dim) weight and their two products are one matmul
+    (one GEMV instead of two per layer in a decode step): each output is the same dot product, so the result equals
+    the unfused one up to the BLAS kernel's summation order."""
+
     def __init__(self, dim: int, intermediate_size: int) -> None:
         super().__init__()
         self.w1 = Linear(dim, intermediate_size, bias=False)
         self.w3 = Linear(dim, intermediate_size, bias=False)
         self.w2 = Linear(intermediate_size, dim, bias=False)
+        self.w13: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Store w1 and w3 in one tensor (their parameters become views of it, so state_dict and load_state_dict
+        still see the official keys; `.to()` and friends fuse the moved weights again)."""
+        if self.w13 is not None:
+            return
+        w13 = torch.cat([self.w1.weight, self.w3.weight])
+        n = self.w1.weight.shape[0]
+        self.w1.weight = nn.Parameter(w13[:n], requires_grad=self.w1.weight.requires_grad)
+        self.w3.weight = nn.Parameter(w13[n:], requires_grad=self.w3.weight.requires_grad)
+        self.w13 = w13
+
+    def _apply(self, fn: Any, recurse: bool = True) -> FeedForward:
+        fused = self.w13 is not None
+        self.w13 = None
+        super()._apply(fn, recurse)
+        if fused:  # the moved w1 and w3 are separate tensors now
+            self.fuse()
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.w13 is None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):
     def __init__(
-        self, dim: int, n_head: int, n_local_heads: int, intermediate_size: int, qkv_bias: bool, norm_eps: float
+        self,
+        dim: int,
+        n_head: int,
+        n_local_heads: int,
+        intermediate_size: int,
+        qkv_bias: bool,
+        norm_eps: float,
+        plain_fp32_attention: bool = False,
     ) -> None:
         super().__init__()
-        self.attention = Attention(dim, n_head, n_local_heads, qkv_bias)
+        self.attention = Attention(dim, n_head, n_local_heads, qkv_bias, plain_fp32_attention)
         self.feed_forward = FeedForward(dim, intermediate_size)
         self.attention_norm = RMSNorm(dim, norm_eps)
         self.ffn_norm = RMSNorm(dim, norm_eps)
 
+    @region
     def forward(
         self,
         x: torch.Tensor,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .compiled_regions import region
+
 # Upstream divides by max(temperature, 1e-5): temperature 0 means greedy.
 MIN_TEMPERATURE = 1e-5
 # Constants of a 32-bit integer hash ("lowbias32" family). Both are < 2**31 so that a product with a 32-bit value
@@ -56,6 +58,7 @@ def sample_index(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.argmax(probs / q, dim=-1)
 
 
+@region
 def sample(
     logits: torch.Tensor,
     window: torch.Tensor | None,
@@ -76,6 +79,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
+@region
 def noise_keys(seed: torch.Tensor, step: torch.Tensor, first_stream: int, n_streams: int) -> torch.Tensor:
     """Per-row keys (B, n_streams) int64 of streams first_stream, first_stream+1, … (see exponential_noise)."""
     seed_lo = seed & MASK_32
@@ -86,6 +90,7 @@ def noise_keys(seed: torch.Tensor, step: torch.Tensor, first_stream: int, n_stre
     return _mix32(key.unsqueeze(1) ^ ((streams * SALT_STREAM) & MASK_32))  # (B, S)
 
 
+@region
 def noise_from_keys(keys: torch.Tensor, n: int) -> torch.Tensor:
     """Keys (...) int64 → Exp(1) draws (..., n) float32: element i hashes (key, i); 24-bit uniforms → -log(u)."""
     index = torch.arange(n, device=keys.device, dtype=torch.int64)

@@ -5,8 +5,9 @@ window, noise seed and counter, sampling parameters, commit flag) at fixed addre
 bucket (and attention-length bucket) replays over rows [0, B) with no host work but filling the commit flags.
 A step advances only rows whose commit flag is set; other rows in the bucket (idle sessions, free rows, stalled
 streams) compute and discard. Knows nothing about sessions or text: the engine maps sessions to rows.
-Optionally the step is compiled (torch.compile, one static graph per bucket) before capture: inductor fuses the
-thousands of small kernels of a step; the CUDA graph still removes the launches (see docs/BENCHMARKS.md).
+Optionally the step's repeated regions are compiled (torch.compile per block, sampler and noise hash, static shapes)
+before capture: inductor fuses the thousands of small kernels of a step; the CUDA graph still removes the launches
+(see docs/BENCHMARKS.md).
 Segment-first frames and (optionally) prefill passes also run through static buffers and graphs in the same pool.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .compiled_regions import compiled
 from .dual_ar import DualARTransformer
 from .frame import PENALTY_WINDOW_FRAMES, NoiseFn, SamplingTensors, frame_noise, sample_frame
 from .prefill_graphs import StaticPrefill
@@ -83,9 +85,10 @@ class DecodeStepper:
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
     ) -> None:
-        """`compile_backend` ("inductor"; "eager" only checks tracing) compiles the step for batch buckets up to
-        `compile_max_batch` (default: all); each (batch, length) bucket compiles once, on its first use or capture.
-        Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper.
+        """`compile_backend` ("inductor"; "eager" only checks tracing) runs the step's regions compiled (see
+        model.compiled_regions) for batch buckets up to `compile_max_batch` (default: all); each region compiles
+        once per shape, on its first use or capture. Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the
+        caller) makes later starts cheaper.
         `fixed_batch`: every graph-captured step runs all `max_batch` rows (batch-invariant mode on a GPU, where the
         kernels cuBLAS picks, and so a row's rounding, depend on the batch size).
         `first_frame_scratch_row`: a row no stream reads while first frames are sampled; given, `start_segments` runs
@@ -147,15 +150,8 @@ class DecodeStepper:
         pin = device.type == "cuda"
         self._commit_host = torch.zeros(n_rows, dtype=torch.bool, pin_memory=pin)
         self._out_host = torch.zeros(n_rows, width, dtype=torch.int64, pin_memory=pin)
+        self.compile_backend = compile_backend
         self.compile_max_batch = compile_max_batch or n_rows
-        self._compiled_step: Callable[[int, int], None] | None = None
-        if compile_backend is not None:
-            # one static graph per (batch, length) bucket: let dynamo keep all of them instead of falling back
-            variants = len(self.batch_buckets) * len(self.length_buckets)
-            dynamo_config = torch._dynamo.config
-            name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-            setattr(dynamo_config, name, max(getattr(dynamo_config, name), variants))
-            self._compiled_step = torch.compile(self._step_impl, backend=compile_backend, fullgraph=True, dynamic=False)
 
     # ---- row state (host calls, outside graphs) ----------------------------------------------------------------------
     def set_sampling(self, row: int, s: RowSampling) -> None:
@@ -240,7 +236,9 @@ class DecodeStepper:
 
     def _run_first_frames(self, bucket: int) -> None:
         rows, positions = self._ff_rows[:bucket], self._ff_positions[:bucket]
-        self._ff_out[:bucket] = self._first_frames(rows, self._ff_logits[:bucket], self._ff_hidden[:bucket], positions)
+        with compiled(self._compile_backend_for(bucket)):
+            out = self._first_frames(rows, self._ff_logits[:bucket], self._ff_hidden[:bucket], positions)
+        self._ff_out[:bucket] = out
 
     @torch.inference_mode()
     def _capture_first_frames(self, bucket: int) -> torch.cuda.CUDAGraph:
@@ -285,7 +283,7 @@ class DecodeStepper:
         """(batch bucket ≥ rows, attention-length bucket > max_pos). Without graphs or compilation (static shapes)
         the batch is exactly `rows`: padding rows would only cost time (5 rows of the default model on CPU: 17.7 ms
         a step instead of 21.2 ms at bucket 8)."""
-        static = self.use_cuda_graphs or self._compiled_step is not None
+        static = self.use_cuda_graphs or self.compile_backend is not None
         b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, rows)] if static else rows
         n = self.length_buckets[bisect.bisect_right(self.length_buckets, max_pos)]
         return b, n
@@ -316,11 +314,12 @@ class DecodeStepper:
         self.loop_step[:rows].add_(inc)
         step.add_(inc)
 
+    def _compile_backend_for(self, rows: int) -> str | None:
+        return self.compile_backend if rows <= self.compile_max_batch else None
+
     def _run_step(self, rows: int, attn_len: int) -> None:
-        """The step for one bucket: compiled where asked for, else eager PyTorch."""
-        if self._compiled_step is not None and rows <= self.compile_max_batch:
-            self._compiled_step(rows, attn_len)
-        else:
+        """The step for one bucket: its regions compiled where asked for, else eager PyTorch."""
+        with compiled(self._compile_backend_for(rows)):
             self._step_impl(rows, attn_len)
 
     @torch.inference_mode()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -79,6 +80,10 @@ class BackendConfig:
     # run 11, on and off in one hold, level-1 first audio p50 35 against 45-88 ms, a first burst of 64 2.6 against
     # 4.6 s, a warmed one 487 against 511 ms (docs/BENCHMARKS.md)
     graph_prefill: bool | None = None
+    # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off.
+    # Inductor's caches live in compile_cache_dir (None: torch's default under /tmp), so a restart skips codegen.
+    compile_max_batch: int = 0
+    compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
     cpu_threads: int | None = 1
@@ -112,6 +117,7 @@ class Backend:
         loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        self.model.fuse_feed_forward()  # one GEMV for w1 and w3 (same dot products; layers.FeedForward)
         invariant = self.device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
         self.model.set_batch_invariant(invariant)
         self.batch_invariant = invariant
@@ -128,6 +134,9 @@ class Backend:
         # rows: [0, max_sessions) sessions, then one scratch row for swaps, then the voice-prefix rows
         self.session_rows = config.max_sessions + 1
         self.prefix_rows = list(range(self.session_rows, self.session_rows + PREFIX_ROWS))
+        if config.compile_max_batch > 0 and config.compile_cache_dir is not None:
+            config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(config.compile_cache_dir))
         self.graph_prefill = (
             self.device.type == "cuda" and config.cuda_graphs and not invariant
             if config.graph_prefill is None
@@ -143,6 +152,8 @@ class Backend:
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
             prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,
+            compile_backend="inductor" if config.compile_max_batch > 0 else None,
+            compile_max_batch=config.compile_max_batch or None,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         graphs = self.device.type == "cuda" and config.cuda_graphs

@@ -1,0 +1,166 @@
+"""The decode step's speed-ups measured one on top of the other, each in its own CUDA graphs from the same state:
+
+1. `sdpa_fast`  — the fast stack attending through SDPA (its cuDNN kernel cost 17 µs × 28 calls a frame, run 3)
+2. `plain_fast` — the fast stack's ≤ 8 keys by plain fp32 math (the code's default since run 12)
+3. `fused_ffn`  — + one GEMV for each layer's w1 and w3 (`DualARTransformer.fuse_feed_forward`, what the engine loads)
+4. `compiled`   — + torch.compile (inductor) of the step's regions: block, sampler, noise hash, heads
+
+Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 4), and frames against
+variant 2's eager step over 4 committed steps from the same state (codes equal, greedy frames equal). Then kernel
+profiles of the batch-1 graph of 3 and 4, and `--warm-only` (a fresh process on the same inductor cache) times what
+a restart pays to compile. Full-size Fish 1.5 config, random weights, bf16, rows at positions 1000-1900, attention
+bucket 2048. Usage: python -m bench.step_variants [--out r.json] [--batches 1,8,64] [--compile-batches 1,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from bench.bench_decode import ATTN_LEN, agreement, fill_rows, make_stepper, run_frames
+from bench.fullsize import FRAME_RATE_HZ, environment, event_ms, random_model, wall_ms, write_json
+from bench.profile_step import kernel_profile
+from model import compiled_regions
+from model.dual_ar import DualARTransformer
+from model.stepper import DecodeStepper
+
+CHECK_STEPS = 4
+VARIANTS = ("sdpa_fast", "plain_fast", "fused_ffn", "compiled")  # each on top of the one before
+
+
+def set_fast_attention(model: DualARTransformer, plain_fp32: bool) -> None:
+    for layer in model.fast_layers:
+        layer.attention.plain_fp32 = plain_fp32  # type: ignore[union-attr]
+
+
+def new_stepper(model: DualARTransformer, rows: int, compile_backend: str | None, compile_max: int) -> DecodeStepper:
+    torch.manual_seed(0)  # the same random KV cache for every variant
+    return make_stepper(
+        model, rows, use_cuda_graphs=True, compile_backend=compile_backend, compile_max_batch=compile_max or None
+    )
+
+
+@torch.inference_mode()
+def reference_frames(model: DualARTransformer, batches: list[int]) -> dict[int, torch.Tensor]:
+    st = new_stepper(model, max(batches), None, 0)
+    out = {}
+    for b in batches:
+        fill_rows(st, b, seed=b)
+        out[b] = run_frames(st, b, lambda b=b: st._step_impl(b, ATTN_LEN), CHECK_STEPS)
+    return out
+
+
+@torch.inference_mode()
+def measure(
+    model: DualARTransformer,
+    name: str,
+    batches: list[int],
+    refs: dict[int, torch.Tensor],
+    compile_batches: list[int],
+    deadline: float,
+) -> dict[str, Any]:
+    backend = "inductor" if name == "compiled" else None
+    todo = [b for b in batches if backend is None or b in compile_batches]
+    st = new_stepper(model, max(batches), backend, max(compile_batches, default=0))
+    out: dict[str, Any] = {"variant": name, "batches": []}
+    for b in todo:
+        if time.perf_counter() > deadline:
+            out["skipped_from_batch"] = b
+            break
+        fill_rows(st, b, seed=b)
+        t0 = time.perf_counter()
+        graph = st.capture(b, ATTN_LEN)
+        r: dict[str, Any] = {"batch": b, "capture_s": time.perf_counter() - t0}
+        r["graph_ms"] = event_ms(graph.replay, iters=30)
+        r["step_call_ms"] = wall_ms(lambda b=b: st.step(b, int(st.pos[:b].max())), "cuda", iters=20, warmup=2)
+        r["realtime_streams"] = b * 1e3 / r["graph_ms"] / FRAME_RATE_HZ
+        got = run_frames(st, b, graph.replay, CHECK_STEPS)
+        r["vs_plain_fast_eager"] = agreement(got, refs[b], st.temperature[:b] == 0)
+        out["batches"].append(r)
+        print(f"{name} batch {b}: {r['graph_ms']:.3f} ms (capture {r['capture_s']:.1f} s), "
+              f"codes equal {r['vs_plain_fast_eager']['codes_equal']:.3f}", flush=True)  # fmt: skip
+    if 1 in todo and (1, ATTN_LEN) in st._graphs:
+        fill_rows(st, 1, seed=1)
+        out["profile_b1"] = kernel_profile(st._graphs[(1, ATTN_LEN)].replay, top=20)
+    out["failed_regions"] = compiled_regions.failed_regions()
+    return out
+
+
+@torch.inference_mode()
+def warm_start(model: DualARTransformer, compile_batches: list[int]) -> dict[str, Any]:
+    """What a restart pays: compile + capture of the compiled buckets with inductor's on-disk cache already filled."""
+    model.fuse_feed_forward()
+    st = new_stepper(model, max(compile_batches), "inductor", max(compile_batches))
+    out: dict[str, Any] = {"batches": []}
+    for b in compile_batches:
+        fill_rows(st, b, seed=b)
+        t0 = time.perf_counter()
+        graph = st.capture(b, ATTN_LEN)
+        out["batches"].append(
+            {"batch": b, "capture_s": time.perf_counter() - t0, "graph_ms": event_ms(graph.replay, 30)}
+        )
+        print(f"warm batch {b}: {out['batches'][-1]}", flush=True)
+    out["failed_regions"] = compiled_regions.failed_regions()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--compile-batches", default="1,8")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new measurements after this")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--warm-only", action="store_true")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    deadline = t_start + args.budget_s
+    batches = [int(x) for x in args.batches.split(",") if x]
+    compile_batches = [int(x) for x in args.compile_batches.split(",") if x]
+    res: dict[str, Any] = {"env": environment(), "what": "step_variants", "errors": {}}
+    model = random_model("cuda", torch.bfloat16, seed=0)
+    res["model_build_s"] = time.perf_counter() - t_start
+    if args.warm_only:
+        try:
+            res["warm"] = warm_start(model, compile_batches)
+        except Exception as e:
+            res["errors"]["warm"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+            print(res["errors"]["warm"], flush=True)
+        write_json(args.out, res)
+        return
+    set_fast_attention(model, True)
+    refs = reference_frames(model, batches)
+    res["variants"] = []
+    for name in [v for v in VARIANTS if v in args.variants.split(",")]:
+        set_fast_attention(model, name != "sdpa_fast")
+        if name in ("fused_ffn", "compiled"):
+            model.fuse_feed_forward()
+        try:
+            res["variants"].append(measure(model, name, batches, refs, compile_batches, deadline))
+        except Exception as e:  # keep what the other variants measured
+            res["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+            print(f"variant {name} FAILED: {res['errors'][name]}", flush=True)
+        res["total_s"] = time.perf_counter() - t_start
+        write_json(args.out, res)
+    print(f"\n{'variant':>10s} {'batch':>5s} {'graph ms':>9s} {'step() ms':>9s} {'capture s':>9s} {'codes eq':>8s} "
+          f"{'greedy fr eq':>12s}")  # fmt: skip
+    for v in res["variants"]:
+        for r in v["batches"]:
+            a = r["vs_plain_fast_eager"]
+            print(f"{v['variant']:>10s} {r['batch']:5d} {r['graph_ms']:9.3f} {r['step_call_ms']:9.3f} "
+                  f"{r['capture_s']:9.1f} {a['codes_equal']:8.3f} {a['greedy_frames_equal']:12.3f}")  # fmt: skip
+        p = v.get("profile_b1")
+        if p:
+            print(
+                f"  {v['variant']} batch-1 graph: {p['kernels']} kernels, {p['kernel_us_total'] / 1e3:.3f} ms kernel time"
+            )
+            for k in p["top"][:8]:
+                print(f"    {k['count']:5d} {k['us']:8.1f} us  {k['name'][:70]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""torch.compile of the decode step's repeated regions, switched on around the step only.
+
+A decode step is ~2,400 small kernels on the full-size model (bench/NOTES.md); inductor fuses the elementwise ones.
+Compiling the whole unrolled step took 112 s per (batch, length) bucket and dynamo re-traced it at every start;
+compiling the *regions* the step repeats — one transformer block (24 slow and 4 × 8 fast calls share one compiled
+graph per shape), one sampler, one noise hash — traces each region once per shape. Regions are functions decorated
+with `@region`; they run compiled only inside `compiled(backend)` (the stepper enters it around decode steps and
+first frames of small batches, before their CUDA graphs are captured) and eagerly everywhere else (prefill,
+training, tests). A region whose compilation fails runs eagerly from then on, with one warning in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+log = logging.getLogger("fishgate.compile")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Shapes one region may be compiled for: batch buckets × attention-length buckets (the slow block), before dynamo
+# falls back to eager for new ones.
+RECOMPILE_LIMIT = 256
+
+
+Backend = str | Callable[..., Any]  # a torch.compile backend: "inductor", "eager", or a callable
+
+
+class _State(threading.local):
+    backend: Backend | None = None
+
+
+_state = _State()
+_compiled: dict[tuple[Callable[..., Any], Backend], Callable[..., Any]] = {}
+_failed: set[Callable[..., Any]] = set()
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def compiled(backend: Backend | None) -> Iterator[None]:
+    """Regions called inside run compiled with `backend` ("inductor"; "eager" only traces); None = eagerly."""
+    saved = _state.backend
+    _state.backend = backend
+    try:
+        yield
+    finally:
+        _state.backend = saved
+
+
+def active_backend() -> Backend | None:
+    return _state.backend
+
+
+def region(fn: F) -> F:
+    """Mark `fn` as a compiled region (static shapes, whole graph; see the module docstring)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        backend = _state.backend
+        if backend is None or fn in _failed:
+            return fn(*args, **kwargs)
+        try:
+            return _compiled_fn(fn, backend)(*args, **kwargs)
+        except Exception as e:  # a compiler failure: run eagerly (a genuine error raises again from the eager call)
+            if not _is_compile_error(e):
+                raise
+            _failed.add(fn)
+            log.warning("compiling %s failed (%s); it runs eagerly from now on", fn.__qualname__, type(e).__name__)
+            return fn(*args, **kwargs)
+
+    call.eager = fn  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
+
+
+def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
+    with _lock:
+        out = _compiled.get((fn, backend))
+        if out is None:
+            config = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+                if hasattr(config, name):
+                    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+            out = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+            _compiled[(fn, backend)] = out
+        return out
+
+
+def _is_compile_error(e: Exception) -> bool:
+    """Errors raised by dynamo/inductor while compiling (not by the computation itself)."""
+    module = type(e).__module__
+    return module.startswith(("torch._dynamo", "torch._inductor")) or "BackendCompilerFailed" in type(e).__name__
+
+
+def failed_regions() -> list[str]:
+    """Names of regions that fell back to eager after a compiler failure (for logs and benchmarks)."""
+    return sorted(fn.__qualname__ for fn in _failed)

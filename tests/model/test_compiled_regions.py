@@ -1,0 +1,99 @@
+"""The decode step's fast paths against their slow paths on CPU: w1/w3 fused into one matmul, the step's regions
+run through torch.compile (dynamo tracing with the "eager" backend; inductor's CPU code for one batch bucket), and a
+region whose compiler fails falling back to eager. The CUDA versions run in tests/model/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import compiled_regions
+from model.layers import FeedForward
+from model.stepper import DecodeStepper, RowSampling
+from tests.model.test_kv_cache import make_model, random_sequence
+
+SAMPLINGS = [RowSampling(0.0, 1.0, 1.0, seed=1), RowSampling(0.7, 0.7, 1.2, seed=2), RowSampling(0.9, 0.8, 1.3, seed=3)]
+
+
+def run_stepper(stepper: DecodeStepper, n_rows: int, n_steps: int) -> torch.Tensor:
+    """Prefill n_rows streams, sample their first frames, then n_steps committed steps: frames (steps+1, rows, 1+nc)."""
+    firsts = []
+    for row in range(n_rows):
+        stepper.set_sampling(row, SAMPLINGS[row])
+        stepper.set_noise_step(row, 0)
+        prompt = random_sequence(stepper.model, 9 + 6 * row, seed=row)
+        logits, hidden = stepper.prefill(row, prompt, 0)
+        firsts.append(stepper.start_segment(row, logits, hidden, prompt.shape[1]))
+    frames = [torch.stack(firsts)]
+    for _ in range(n_steps):
+        stepper.commit[:n_rows] = True
+        frames.append(stepper.step(n_rows, int(stepper.pos[:n_rows].max())))
+    return torch.stack(frames)
+
+
+def test_fused_feed_forward_equals_the_two_matmuls_and_keeps_the_official_keys() -> None:
+    torch.manual_seed(0)
+    ff = FeedForward(16, 40)
+    x = torch.randn(3, 5, 16)
+    before = ff(x)
+    keys = set(ff.state_dict())
+    ff.fuse()
+    assert ff.w13 is not None and ff.w1.weight.data_ptr() == ff.w13.data_ptr()
+    assert set(ff.state_dict()) == keys
+    torch.testing.assert_close(ff(x), before, rtol=1e-6, atol=1e-6)
+    # loading weights after fusing writes through the views into the fused tensor
+    other = FeedForward(16, 40)
+    ff.load_state_dict(other.state_dict())
+    torch.testing.assert_close(ff(x), other(x), rtol=1e-6, atol=1e-6)
+    # moving the module fuses the moved weights again
+    ff = ff.to(torch.float64)
+    assert ff.w13 is not None and ff.w13.dtype == torch.float64 and ff.w3.weight.data_ptr() > ff.w13.data_ptr()
+    torch.testing.assert_close(ff(x.double()), other.double()(x.double()), rtol=1e-12, atol=1e-12)
+
+
+def test_fused_model_decodes_the_same_frames() -> None:
+    model = make_model("gqa_fast_project")
+    expected = run_stepper(DecodeStepper(model, 4, max_seq_len=128, length_buckets=[64]), 3, 6)
+    model.fuse_feed_forward()
+    assert torch.equal(run_stepper(DecodeStepper(model, 4, max_seq_len=128, length_buckets=[64]), 3, 6), expected)
+
+
+def test_regions_traced_by_dynamo_decode_the_same_frames() -> None:
+    """fullgraph tracing of every region (a graph break would fail the compile and show in failed_regions)."""
+    model = make_model("gqa_fast_project")
+    expected = run_stepper(DecodeStepper(model, 4, max_seq_len=128, length_buckets=[64]), 3, 6)
+    stepper = DecodeStepper(model, 4, max_seq_len=128, length_buckets=[64], compile_backend="eager")
+    assert torch.equal(run_stepper(stepper, 3, 6), expected)
+    assert compiled_regions.failed_regions() == []
+    assert compiled_regions.active_backend() is None, "regions stay compiled only inside the step"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_inductor_compiled_regions_decode_the_same_frames() -> None:
+    """Inductor's own CPU kernels (fused elementwise, its reductions) for a one-row bucket, fp32: same frames."""
+    model = make_model("gqa_fast_project")
+    expected = run_stepper(DecodeStepper(model, 2, max_seq_len=64, length_buckets=[64]), 1, 4)
+    stepper = DecodeStepper(model, 2, max_seq_len=64, length_buckets=[64], compile_backend="inductor")
+    got = run_stepper(stepper, 1, 4)
+    assert compiled_regions.failed_regions() == []
+    assert torch.equal(got, expected)  # one greedy row
+
+
+def test_a_region_whose_compiler_fails_runs_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    calls = []
+
+    def broken_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        calls.append(1)
+        raise RuntimeError("the compiler broke")
+
+    @compiled_regions.region
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.arange(4.0)
+    with compiled_regions.compiled(broken_backend), caplog.at_level("WARNING", logger="fishgate.compile"):
+        assert torch.equal(double(x), x * 2)
+        assert torch.equal(double(x), x * 2)
+    assert calls == [1], "after one failure the region is not compiled again"
+    assert "double" in " ".join(compiled_regions.failed_regions())
+    assert "runs eagerly" in caplog.text
