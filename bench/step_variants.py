@@ -15,8 +15,10 @@ bucket 2048. Usage: python -m bench.step_variants [--out r.json] [--batches 1,8,
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +31,41 @@ from model.dual_ar import DualARTransformer
 from model.stepper import DecodeStepper
 
 CHECK_STEPS = 4
-VARIANTS = ("sdpa_fast", "plain_fast", "fused_ffn", "compiled")  # each on top of the one before
+
+
+@dataclass(frozen=True)
+class Variant:
+    plain_fast: bool = True  # the fast stack's attention by plain fp32 math (else SDPA)
+    fused: bool = True  # w1/w3 in one matmul (one-way: fused variants come after unfused ones)
+    plain_decode_rows: int = 0  # slow-stack decode attention by plain fp32 math up to this many rows
+    compiled: bool = False  # regions through inductor
+    mode: str | None = None  # torch.compile mode
+    coordinate_descent: bool = False  # inductor's coordinate-descent tuning of its Triton kernels
+
+
+VARIANTS = {
+    "sdpa_fast": Variant(plain_fast=False, fused=False),
+    "plain_fast": Variant(fused=False),
+    "fused_ffn": Variant(),
+    "plain_slow": Variant(plain_decode_rows=64),
+    "compiled": Variant(compiled=True),
+    "compiled_sdpa_fast": Variant(plain_fast=False, compiled=True),
+    "compiled_plain_slow": Variant(plain_decode_rows=64, compiled=True),
+    "compiled_cd": Variant(plain_decode_rows=64, compiled=True, coordinate_descent=True),
+    "compiled_autotune": Variant(plain_decode_rows=64, compiled=True, mode="max-autotune-no-cudagraphs"),
+}
+
+
+def apply(model: DualARTransformer, v: Variant) -> None:
+    set_fast_attention(model, v.plain_fast)
+    if v.fused:
+        model.fuse_feed_forward()
+    model.set_plain_decode_attention(v.plain_decode_rows)
+    if v.compiled:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = v.coordinate_descent
+        compiled_regions.reset(v.mode)
 
 
 def set_fast_attention(model: DualARTransformer, plain_fp32: bool) -> None:
@@ -63,7 +99,7 @@ def measure(
     compile_batches: list[int],
     deadline: float,
 ) -> dict[str, Any]:
-    backend = "inductor" if name == "compiled" else None
+    backend = "inductor" if VARIANTS[name].compiled else None
     todo = [b for b in batches if backend is None or b in compile_batches]
     st = new_stepper(model, max(batches), backend, max(compile_batches, default=0))
     out: dict[str, Any] = {"variant": name, "batches": []}
@@ -90,6 +126,48 @@ def measure(
     return out
 
 
+class Reference32:
+    """One decode pass (slow logits, then the fast stack's first codebook logits) of 8 rows at positions 1000-1900
+    from one random state, in fp32 on an fp32 copy of the weights: the yardstick for a variant's bf16 logits (its
+    error against fp32 next to the eager bf16 path's error says whether a fast path adds error beyond bf16's)."""
+
+    ROWS = 8
+
+    @torch.inference_mode()
+    def __init__(self, model: DualARTransformer) -> None:
+        c = model.config
+        g = torch.Generator(device="cuda").manual_seed(123)
+        codes = torch.randint(0, c.codebook_size, (self.ROWS, c.num_codebooks), generator=g, device="cuda")
+        self.frames = torch.cat([codes[:, :1] + model.semantic_begin_id, codes], dim=1)
+        self.pos = torch.randint(1000, 1900, (self.ROWS,), generator=g, device="cuda")
+        self.cache = model.make_cache(self.ROWS, ATTN_LEN)
+        self.cache.k.normal_(0, 0.5, generator=g)
+        self.cache.v.normal_(0, 0.5, generator=g)
+        ref = copy.deepcopy(model).float()
+        ref.set_plain_decode_attention(0)
+        cache32 = ref.make_cache(self.ROWS, ATTN_LEN)
+        cache32.k.copy_(self.cache.k)
+        cache32.v.copy_(self.cache.v)
+        self.ref = self._logits(ref, cache32)
+        del ref, cache32
+        torch.cuda.empty_cache()
+
+    def _logits(self, model: DualARTransformer, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = model.decode_slow(self.frames, cache, self.pos, ATTN_LEN)
+        fast = model.fast_step(hidden, model.make_fast_cache(self.ROWS), 0)
+        return logits.float(), fast.float()
+
+    @torch.inference_mode()
+    def compare(self, model: DualARTransformer, backend: str | None) -> dict[str, float]:
+        with compiled_regions.compiled(backend):
+            got = self._logits(model, self.cache)
+        out = {}
+        for name, g, r in zip(("slow", "fast"), got, self.ref, strict=True):
+            out[f"{name}_rel_err"] = float((g - r).norm() / r.norm())
+            out[f"{name}_top1_equal"] = float((g.argmax(-1) == r.argmax(-1)).float().mean())
+        return out
+
+
 @torch.inference_mode()
 def warm_start(model: DualARTransformer, compile_batches: list[int]) -> dict[str, Any]:
     """What a restart pays: compile + capture of the compiled buckets with inductor's on-disk cache already filled."""
@@ -114,7 +192,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--compile-batches", default="1,8")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new measurements after this")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="sdpa_fast,plain_fast,fused_ffn,compiled")
     ap.add_argument("--warm-only", action="store_true")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -135,12 +213,17 @@ def main() -> None:
     set_fast_attention(model, True)
     refs = reference_frames(model, batches)
     res["variants"] = []
-    for name in [v for v in VARIANTS if v in args.variants.split(",")]:
-        set_fast_attention(model, name != "sdpa_fast")
-        if name in ("fused_ffn", "compiled"):
-            model.fuse_feed_forward()
+    ref32 = Reference32(model)
+    for name in args.variants.split(","):
+        if time.perf_counter() > deadline:
+            res["errors"][name] = "skipped: out of time"
+            continue
         try:
-            res["variants"].append(measure(model, name, batches, refs, compile_batches, deadline))
+            apply(model, VARIANTS[name])
+            v = measure(model, name, batches, refs, compile_batches, deadline)
+            v["logits_vs_fp32"] = ref32.compare(model, "inductor" if VARIANTS[name].compiled else None)
+            print(f"{name} logits vs fp32: {v['logits_vs_fp32']}", flush=True)
+            res["variants"].append(v)
         except Exception as e:  # keep what the other variants measured
             res["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
             print(f"variant {name} FAILED: {res['errors'][name]}", flush=True)

@@ -6,7 +6,8 @@ compiling the *regions* the step repeats — one transformer block (24 slow and 
 graph per shape), one sampler, one noise hash — traces each region once per shape. Regions are functions decorated
 with `@region`; they run compiled only inside `compiled(backend)` (the stepper enters it around decode steps and
 first frames of small batches, before their CUDA graphs are captured) and eagerly everywhere else (prefill,
-training, tests). A region whose compilation fails runs eagerly from then on, with one warning in the log.
+training, tests). A region whose compilation fails for some shapes runs eagerly for those shapes from then on,
+with one warning in the log.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class _State(threading.local):
 
 _state = _State()
 _compiled: dict[tuple[Callable[..., Any], Backend], Callable[..., Any]] = {}
-_failed: set[Callable[..., Any]] = set()
+_failed: set[tuple[Callable[..., Any], tuple[Any, ...]]] = set()  # (region, call signature) pairs that failed
 _lock = threading.Lock()
+_options: dict[str, str | None] = {"mode": None}  # torch.compile mode for regions compiled from now on
 
 
 @contextlib.contextmanager
@@ -63,15 +65,21 @@ def region(fn: F) -> F:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         backend = _state.backend
-        if backend is None or fn in _failed:
+        if backend is None:
+            return fn(*args, **kwargs)
+        key = (fn, _signature(args, kwargs))
+        if key in _failed:
             return fn(*args, **kwargs)
         try:
             return _compiled_fn(fn, backend)(*args, **kwargs)
         except Exception as e:  # a compiler failure: run eagerly (a genuine error raises again from the eager call)
             if not _is_compile_error(e):
                 raise
-            _failed.add(fn)
-            log.warning("compiling %s failed (%s); it runs eagerly from now on", fn.__qualname__, type(e).__name__)
+            _failed.add(key)
+            log.warning(
+                "compiling %s failed (%s); it runs eagerly for these shapes from now on", fn.__qualname__,
+                type(e).__name__,
+            )  # fmt: skip
             return fn(*args, **kwargs)
 
     call.eager = fn  # type: ignore[attr-defined]
@@ -86,9 +94,31 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]
             for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
                 if hasattr(config, name):
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-            out = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+            out = torch.compile(fn, backend=backend, mode=_options["mode"], fullgraph=True, dynamic=False)
             _compiled[(fn, backend)] = out
         return out
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What one compiled variant of a region is specialised on: tensor shapes and dtypes, other values as they are."""
+
+    def one(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return (tuple(a.shape), a.dtype)
+        if isinstance(a, int | float | str | bool | None):
+            return a
+        return type(a).__name__
+
+    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
+
+
+def reset(mode: str | None = None) -> None:
+    """Forget every compiled region and failure (and dynamo's caches); later compiles use `mode` (benchmarks)."""
+    with _lock:
+        _compiled.clear()
+        _failed.clear()
+        _options["mode"] = mode
+        torch._dynamo.reset()
 
 
 def _is_compile_error(e: Exception) -> bool:
@@ -99,4 +129,4 @@ def _is_compile_error(e: Exception) -> bool:
 
 def failed_regions() -> list[str]:
     """Names of regions that fell back to eager after a compiler failure (for logs and benchmarks)."""
-    return sorted(fn.__qualname__ for fn in _failed)
+    return sorted({fn.__qualname__ for fn, _ in _failed})

@@ -85,6 +85,12 @@ class DualARTransformer(nn.Module):
             if isinstance(module, Linear | Attention):
                 module.batch_invariant = enabled
 
+    def set_plain_decode_attention(self, max_rows: int) -> None:
+        """Decode passes of at most `max_rows` rows attend by plain fp32 math instead of SDPA (layers.Attention)."""
+        for module in self.layers.modules():
+            if isinstance(module, Attention):
+                module.plain_decode_rows = max_rows
+
     def fuse_feed_forward(self) -> None:
         """One matmul for each layer's w1 and w3 (see layers.FeedForward.fuse); for inference after loading."""
         for module in self.modules():

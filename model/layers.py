@@ -81,6 +81,10 @@ class Attention(nn.Module):
     compiled); fp32 is at least as exact as SDPA's bf16 path."""
 
     batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
+    # decode passes (one query per row) of at most this many rows attend by plain fp32 math too: cuDNN's SDPA runs
+    # one CTA per kv head for them (32 µs a layer on an H200 at 2,048 positions, batch 1); set through
+    # DualARTransformer.set_plain_decode_attention
+    plain_decode_rows = 0
 
     def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool, plain_fp32: bool = False) -> None:
         super().__init__()
@@ -127,7 +131,7 @@ class Attention(nn.Module):
             if mask is not None:
                 attn_mask = mask.unsqueeze(2).expand(bsz, 1, group, seqlen, mask.shape[-1])
                 attn_mask = attn_mask.reshape(bsz, 1, group * seqlen, mask.shape[-1])
-        if self.plain_fp32:
+        if self.plain_fp32 or (seqlen == 1 and bsz <= self.plain_decode_rows):
             y = invariant_attention(q.float(), keys.float(), values.float(), attn_mask).to(q.dtype)
         elif self.batch_invariant or x.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes

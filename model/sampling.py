@@ -25,6 +25,18 @@ SALT_STREAM = 0x27D4EB2F
 SALT_SEED_HI = 0x165667B1
 
 
+@torch.library.custom_op("fishgate::cumsum_last_dim", mutates_args=())
+def cumsum_last_dim(x: torch.Tensor) -> torch.Tensor:
+    """torch.cumsum over the last dimension, opaque to torch.compile: inductor's split-scan codegen fails on
+    (8, 102048) in torch 2.11 (bench/NOTES.md), and ATen's kernel keeps compiled sampling's top-p bitwise eager's."""
+    return torch.cumsum(x, dim=-1)
+
+
+@cumsum_last_dim.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def apply_repetition_penalty(logits: torch.Tensor, window: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
     """logits (B, V), window (B, W) ids, penalty (B,) → new logits; each distinct id is penalised once."""
     window = window.long()
@@ -44,7 +56,7 @@ def logits_to_probs(
     if window is not None:
         logits = apply_repetition_penalty(logits, window, repetition_penalty)
     sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
-    cum_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    cum_probs = cumsum_last_dim(torch.softmax(sorted_logits, dim=-1))
     remove_sorted = cum_probs > top_p.to(cum_probs.dtype).unsqueeze(1)
     remove_sorted[:, 0] = False  # always keep the most likely token
     remove = remove_sorted.scatter(1, sorted_idx, remove_sorted)
