@@ -56,7 +56,7 @@ class DualARTransformer(nn.Module):
         self.fast_layers = nn.ModuleList(
             TransformerBlock(
                 c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_intermediate_size,
-                bool(c.fast_attention_qkv_bias), c.norm_eps, plain_fp32_attention=True,
+                bool(c.fast_attention_qkv_bias), c.norm_eps,
             )
             for _ in range(c.n_fast_layer)
         )  # fmt: skip
@@ -84,12 +84,6 @@ class DualARTransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear | Attention):
                 module.batch_invariant = enabled
-
-    def set_plain_decode_attention(self, max_rows: int) -> None:
-        """Decode passes of at most `max_rows` rows attend by plain fp32 math instead of SDPA (layers.Attention)."""
-        for module in self.layers.modules():
-            if isinstance(module, Attention):
-                module.plain_decode_rows = max_rows
 
     def fuse_feed_forward(self) -> None:
         """One matmul for each layer's w1 and w3 (see layers.FeedForward.fuse); for inference after loading."""

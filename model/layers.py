@@ -76,19 +76,10 @@ def invariant_attention(
 
 
 class Attention(nn.Module):
-    """GQA attention. `plain_fp32`: attend by plain fp32 math instead of SDPA — the fast stack's ≤ 8 keys, where a
-    fused SDPA kernel cost 17 µs a call on an H200 (28 calls a frame) and the plain math is a few tiny kernels (one,
-    compiled); fp32 is at least as exact as SDPA's bf16 path."""
-
     batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
-    # decode passes (one query per row) of at most this many rows attend by plain fp32 math too: cuDNN's SDPA runs
-    # one CTA per kv head for them (32 µs a layer on an H200 at 2,048 positions, batch 1); set through
-    # DualARTransformer.set_plain_decode_attention
-    plain_decode_rows = 0
 
-    def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool, plain_fp32: bool = False) -> None:
+    def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool) -> None:
         super().__init__()
-        self.plain_fp32 = plain_fp32
         self.n_head = n_head
         self.n_local_heads = n_local_heads
         self.head_dim = dim // n_head
@@ -131,9 +122,7 @@ class Attention(nn.Module):
             if mask is not None:
                 attn_mask = mask.unsqueeze(2).expand(bsz, 1, group, seqlen, mask.shape[-1])
                 attn_mask = attn_mask.reshape(bsz, 1, group * seqlen, mask.shape[-1])
-        if self.plain_fp32 or (seqlen == 1 and bsz <= self.plain_decode_rows):
-            y = invariant_attention(q.float(), keys.float(), values.float(), attn_mask).to(q.dtype)
-        elif self.batch_invariant or x.device.type == "cpu":
+        if self.batch_invariant or x.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes
             y = invariant_attention(q, keys, values, attn_mask)
         else:
@@ -190,10 +179,9 @@ class TransformerBlock(nn.Module):
         intermediate_size: int,
         qkv_bias: bool,
         norm_eps: float,
-        plain_fp32_attention: bool = False,
     ) -> None:
         super().__init__()
-        self.attention = Attention(dim, n_head, n_local_heads, qkv_bias, plain_fp32_attention)
+        self.attention = Attention(dim, n_head, n_local_heads, qkv_bias)
         self.feed_forward = FeedForward(dim, intermediate_size)
         self.attention_norm = RMSNorm(dim, norm_eps)
         self.ffn_norm = RMSNorm(dim, norm_eps)

@@ -52,25 +52,6 @@ def run_stepper(stepper: DecodeStepper, n_steps: int) -> torch.Tensor:
     return torch.stack(frames)
 
 
-@torch.inference_mode()
-def test_plain_decode_attention_equals_sdpa_in_fp32() -> None:
-    """The slow stack's decode attention by plain fp32 math (small batches) against SDPA, fp32 weights and cache."""
-    model = cuda_model("gqa_fast_project", torch.float32)
-    cache = model.make_cache(3, 64)
-    cache.k.normal_(0, 0.5)
-    cache.v.normal_(0, 0.5)
-    frames = random_sequence(model, 3, seed=5).T.contiguous().cuda()  # (3, 1+nc): three rows' frames
-    pos = torch.tensor([5, 40, 63], device="cuda")
-    expected = model.decode_slow(frames, cache, pos, 64)
-    model.set_plain_decode_attention(8)
-    try:
-        got = model.decode_slow(frames, cache, pos, 64)
-    finally:
-        model.set_plain_decode_attention(0)
-    for g, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
-
-
 @torch.no_grad()
 def test_stepper_graph_replay_equals_eager() -> None:
     model = cuda_model("gqa_fast_project", torch.bfloat16)
