@@ -50,15 +50,18 @@ class Settings:
                   "auto = on for a GPU with CUDA graphs unless batch-invariant, off on CPU (run 11, same hold: level-1 "
                   "first audio p50 35 ms on against 45-88 off, a first burst of 64 2.6 s against 4.6 s)"},
     )  # fmt: skip
-    compile_max_batch: int = field(
-        default=0,
+    compile_max_batch: int | None = field(
+        default=None,
         metadata={"help": "torch.compile the decode step's repeated regions (transformer block, sampler, noise hash) "
-                  "for batch buckets up to this many rows, before their CUDA graphs are captured; 0 = off. Compiling "
-                  "adds start-up time, cached under --compile-cache-dir (docs/BENCHMARKS.md run 12)"},
+                  "for batch buckets up to this many rows, before their CUDA graphs are captured; 0 = off; default "
+                  "auto = 8 on a GPU with CUDA graphs, off on CPU. H200, full-size model: first audio p50 36 → 25 ms, "
+                  "start-up +18 s with a warm --compile-cache-dir, +78 s on an empty one (docs/BENCHMARKS.md run 12)"},
     )  # fmt: skip
     compile_cache_dir: Path | None = field(
-        default=None, metadata={"help": "torch.compile's cache (default: ~/.cache/fishgate/compile)"}
-    )
+        default=None,
+        metadata={"help": "torch.compile's cache (default: $TORCHINDUCTOR_CACHE_DIR if exported, else "
+                  "~/.cache/fishgate/compile)"},
+    )  # fmt: skip
     api_key: tuple[str, ...] = field(
         default=(), metadata={"help": "required bearer key(s) on /v1 (comma-separated); none = open", "secret": True}
     )
@@ -86,7 +89,11 @@ class Settings:
 
     @property
     def resolved_compile_cache_dir(self) -> Path:
-        return self.compile_cache_dir or Path.home() / ".cache" / "fishgate" / "compile"
+        """--compile-cache-dir, else an exported TORCHINDUCTOR_CACHE_DIR, else ~/.cache/fishgate/compile."""
+        if self.compile_cache_dir is not None:
+            return self.compile_cache_dir
+        exported = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        return Path(exported) if exported else Path.home() / ".cache" / "fishgate" / "compile"
 
 
 def _convert(name: str, raw: str) -> object:
@@ -137,7 +144,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --graph-first-frames must be on or off")
     if settings.graph_prefill not in ("auto", "on", "off"):
         raise SystemExit("fishgate: --graph-prefill must be auto, on or off")
-    if settings.compile_max_batch < 0:
+    if settings.compile_max_batch is not None and settings.compile_max_batch < 0:
         raise SystemExit("fishgate: --compile-max-batch must be 0 (off) or a number of rows")
     if settings.graphs_up_front is not None and settings.graphs_up_front < 1:
         raise SystemExit("fishgate: --graphs-up-front must be at least 1 (leave it out to capture every graph)")

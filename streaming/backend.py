@@ -44,6 +44,9 @@ METADATA_FILE = "fishgate.json"
 HISTORY_MAX_LENGTH = 4096
 # Attention-length buckets on GPU (positions); the full cache length is always added.
 GPU_LENGTH_BUCKETS = (512, 1024, 2048, 4096)
+# Batch buckets whose decode step is compiled by default on a GPU (the latency-bound ones; each bucket costs ~3 s
+# of compile at start-up per attention length, run 12)
+COMPILE_MAX_BATCH_AUTO = 8
 # Largest vocoder batch per call: throughput saturates by 64 x 24 frames (ANCHORS: 1,033x at 64 vs 1,070x at 256)
 # while activation memory keeps growing (a 512-row graph ran an H200 out of memory).
 VOCODER_MAX_BATCH = 64
@@ -80,9 +83,12 @@ class BackendConfig:
     # run 11, on and off in one hold, level-1 first audio p50 35 against 45-88 ms, a first burst of 64 2.6 against
     # 4.6 s, a warmed one 487 against 511 ms (docs/BENCHMARKS.md)
     graph_prefill: bool | None = None
-    # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off.
-    # Inductor's caches live in compile_cache_dir (None: torch's default under /tmp), so a restart skips codegen.
-    compile_max_batch: int = 0
+    # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off,
+    # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (inductor's C++ build costs minutes
+    # there). Run 12 (H200, full-size model): batch-1 step 6.5 → 3.8 ms, first audio p50 36 → 25 ms; start-up 22 s
+    # → 100 s on an empty compile cache, 40 s on a warm one. Inductor's caches live in compile_cache_dir (None:
+    # TORCHINDUCTOR_CACHE_DIR, else torch's default under /tmp), so a restart skips code generation.
+    compile_max_batch: int | None = 0
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -134,9 +140,14 @@ class Backend:
         # rows: [0, max_sessions) sessions, then one scratch row for swaps, then the voice-prefix rows
         self.session_rows = config.max_sessions + 1
         self.prefix_rows = list(range(self.session_rows, self.session_rows + PREFIX_ROWS))
-        if config.compile_max_batch > 0 and config.compile_cache_dir is not None:
+        graphs = self.device.type == "cuda" and config.cuda_graphs
+        self.compile_max_batch = (
+            (COMPILE_MAX_BATCH_AUTO if graphs else 0) if config.compile_max_batch is None else config.compile_max_batch
+        )
+        if self.compile_max_batch > 0 and config.compile_cache_dir is not None:
             config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(config.compile_cache_dir))
+            # assigned, not defaulted: inductor writes its default into the environment the first time it asks
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
         self.graph_prefill = (
             self.device.type == "cuda" and config.cuda_graphs and not invariant
             if config.graph_prefill is None
@@ -152,11 +163,10 @@ class Backend:
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
             prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,
-            compile_backend="inductor" if config.compile_max_batch > 0 else None,
-            compile_max_batch=config.compile_max_batch or None,
+            compile_backend="inductor" if self.compile_max_batch > 0 else None,
+            compile_max_batch=self.compile_max_batch or None,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
-        graphs = self.device.type == "cuda" and config.cuda_graphs
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)
         self.vocoder = StreamingDecoder(
             self.codec, max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0)

@@ -134,7 +134,8 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
         parse_settings(["--graph-prefill", "yes"])
     with pytest.raises(SystemExit, match="--graphs-up-front must be at least 1"):
         parse_settings(["--graphs-up-front", "0"])
-    assert parse_settings([]).compile_max_batch == 0  # off unless asked for
+    assert parse_settings([]).compile_max_batch is None  # auto: 8 on a GPU with CUDA graphs, off on CPU (backend)
+    assert parse_settings(["--compile-max-batch", "0"]).compile_max_batch == 0
     assert parse_settings(["--compile-max-batch", "8"]).compile_max_batch == 8
     assert parse_settings([], {"FISHGATE_COMPILE_CACHE_DIR": "/tmp/cc"}).resolved_compile_cache_dir.name == "cc"
     with pytest.raises(SystemExit, match="--compile-max-batch must be 0"):

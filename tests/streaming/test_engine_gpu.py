@@ -5,11 +5,14 @@ GPU kernels chosen by batch size change rounding)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
+from model import compiled_regions
+from streaming.backend import Backend
 from streaming.session import SynthesisSettings, Voice
 from tests.streaming.engine_helpers import collect, running_engine, speak
 
@@ -53,6 +56,26 @@ def test_engine_streams_on_cuda_and_vocoder_graphs_equal_eager() -> None:
     assert diff == 0.0
     same = solo.codes.shape == busy.codes.shape and np.array_equal(solo.codes, busy.codes)
     print(f"seeded stream solo vs under load on GPU: codes identical = {same}")
+
+
+def test_engine_with_compiled_step_regions_streams_on_cuda() -> None:
+    """--compile-max-batch: buckets ≤ 2 rows run inductor-compiled regions inside their CUDA graphs; two sessions
+    stream whole utterances and no region fell back to eager (the fp32 equivalence is tests/model/test_gpu.py's)."""
+
+    def compiled_backend(config):
+        return Backend(dataclasses.replace(config, compile_max_batch=2))
+
+    async def main():
+        with running_engine(max_sessions=4, backend_factory=compiled_backend) as engine:
+            assert engine._worker.b.stepper.compile_backend == "inductor"
+            sessions = [
+                engine.open_session(Voice(), SynthesisSettings(seed=5 + i, max_new_tokens=40)) for i in range(2)
+            ]
+            return await asyncio.gather(*(speak(s, *TEXTS) for s in sessions))
+
+    for out in asyncio.run(main()):
+        assert out.done is not None and len(out.pcm) == out.codes.shape[1] * 2048 > 0
+    assert compiled_regions.failed_regions() == []
 
 
 def test_batch_invariant_mode_on_gpu_solo_vs_loaded() -> None:

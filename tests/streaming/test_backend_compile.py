@@ -1,0 +1,21 @@
+"""What the backend turns on by itself: w1/w3 fused at load everywhere; compiled step regions only where asked for
+or, by default (None = auto), on a GPU with CUDA graphs — never on CPU, where inductor's C++ build costs minutes."""
+
+from __future__ import annotations
+
+from model.layers import FeedForward
+from streaming.backend import Backend, BackendConfig
+
+
+def test_cpu_backend_fuses_feed_forward_and_compiles_nothing_by_default() -> None:
+    backend = Backend(BackendConfig(max_sessions=2, compile_max_batch=None))
+    assert backend.compile_max_batch == 0
+    assert backend.stepper.compile_backend is None
+    feed_forwards = [m for m in backend.model.modules() if isinstance(m, FeedForward)]
+    assert feed_forwards and all(m.w13 is not None for m in feed_forwards)
+
+
+def test_an_explicit_compile_limit_is_kept_on_cpu() -> None:
+    backend = Backend(BackendConfig(max_sessions=2, compile_max_batch=1))
+    assert backend.compile_max_batch == 1
+    assert backend.stepper.compile_backend == "inductor" and backend.stepper.compile_max_batch == 1
