@@ -16,6 +16,7 @@ import contextlib
 import functools
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -94,6 +95,8 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]
             for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
                 if hasattr(config, name):
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+            # inductor warns at every split softmax reduction (the 102,048-token vocabulary): noise in a server log
+            warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", category=UserWarning)
             out = torch.compile(fn, backend=backend, mode=_options["mode"], fullgraph=True, dynamic=False)
             _compiled[(fn, backend)] = out
         return out

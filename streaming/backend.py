@@ -84,10 +84,11 @@ class BackendConfig:
     # 4.6 s, a warmed one 487 against 511 ms (docs/BENCHMARKS.md)
     graph_prefill: bool | None = None
     # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off,
-    # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (inductor's C++ build costs minutes
-    # there). Run 12 (H200, full-size model): batch-1 step 6.5 → 3.8 ms, first audio p50 36 → 25 ms; start-up 22 s
-    # → 100 s on an empty compile cache, 40 s on a warm one. Inductor's caches live in compile_cache_dir (None:
-    # TORCHINDUCTOR_CACHE_DIR, else torch's default under /tmp), so a restart skips code generation.
+    # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (no graph hides the compiled calls'
+    # guard checks there: the default voice's step went 26 → 38 ms). Run 12 (H200, full-size model): batch-1 step
+    # 6.5 → 3.8 ms, first audio p50 36 → 25 ms; start-up 22 s → 100 s on an empty compile cache, 40 s on a warm one.
+    # Inductor's caches live in compile_cache_dir (None: TORCHINDUCTOR_CACHE_DIR, else torch's default under /tmp),
+    # so a restart skips code generation.
     compile_max_batch: int | None = 0
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
