@@ -79,21 +79,48 @@ def test_inductor_compiled_regions_decode_the_same_frames() -> None:
     assert torch.equal(got, expected)  # one greedy row
 
 
-def test_a_region_whose_compiler_fails_runs_eagerly(caplog: pytest.LogCaptureFixture) -> None:
-    calls = []
+def test_a_region_whose_compiler_fails_runs_eagerly_for_those_shapes(caplog: pytest.LogCaptureFixture) -> None:
+    compiled_shapes = []
 
-    def broken_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
-        calls.append(1)
-        raise RuntimeError("the compiler broke")
+    def backend_broken_on_four(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        shapes = [tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)]
+        compiled_shapes.append(shapes)
+        if (4,) in shapes:
+            raise RuntimeError("the compiler broke")
+        return gm.forward
 
     @compiled_regions.region
     def double(x: torch.Tensor) -> torch.Tensor:
         return x * 2
 
-    x = torch.arange(4.0)
-    with compiled_regions.compiled(broken_backend), caplog.at_level("WARNING", logger="fishgate.compile"):
-        assert torch.equal(double(x), x * 2)
-        assert torch.equal(double(x), x * 2)
-    assert calls == [1], "after one failure the region is not compiled again"
+    four, five = torch.arange(4.0), torch.arange(5.0)
+    with compiled_regions.compiled(backend_broken_on_four), caplog.at_level("WARNING", logger="fishgate.compile"):
+        assert torch.equal(double(four), four * 2)
+        assert torch.equal(double(four), four * 2)
+        assert torch.equal(double(five), five * 2)
+    assert compiled_shapes == [[(4,)], [(5,)]], "a failed shape is not compiled again; other shapes still compile"
     assert "double" in " ".join(compiled_regions.failed_regions())
     assert "runs eagerly" in caplog.text
+    compiled_regions.reset()
+    assert compiled_regions.failed_regions() == []
+
+
+def test_top_p_cumsum_reaches_the_compiler_as_the_opaque_op() -> None:
+    """Inductor's split-scan codegen failed on top-p's cumsum at (8, 102048) in torch 2.11 (GPU, run 12): while
+    dynamo traces, the cumsum must be the custom op (ATen's kernel at run time); eagerly it is plain torch.cumsum."""
+    from model.sampling import sample
+
+    graphs: list[str] = []
+
+    def recording_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    logits, q = torch.randn(2, 50), torch.rand(2, 50) + 0.1
+    params = (torch.full((2,), 0.7), torch.full((2,), 0.8), torch.full((2,), 1.2))
+    window = torch.randint(0, 50, (2, 4))
+    expected = sample(logits, window, *params, q)
+    with compiled_regions.compiled(recording_backend):
+        got = sample(logits, window, *params, q)
+    assert torch.equal(got, expected)
+    assert graphs and "cumsum_last_dim" in graphs[0] and "torch.cumsum" not in graphs[0]
