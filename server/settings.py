@@ -55,7 +55,8 @@ class Settings:
         metadata={"help": "torch.compile the decode step's repeated regions (transformer block, sampler, noise hash) "
                   "for batch buckets up to this many rows, before their CUDA graphs are captured; 0 = off; default "
                   "auto = 8 on a GPU with CUDA graphs, off on CPU. H200, full-size model: first audio p50 36 → 25 ms, "
-                  "start-up +18 s with a warm --compile-cache-dir, +78 s on an empty one (docs/BENCHMARKS.md run 12)"},
+                  "start-up +18 s with a warm --compile-cache-dir, +78 s on an empty one (docs/BENCHMARKS.md run 12)",
+                  "shown_default": "auto"},
     )  # fmt: skip
     compile_cache_dir: Path | None = field(
         default=None,
@@ -114,7 +115,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
         default = f.default
-        shown = "none" if default in (None, ()) else ("set" if f.metadata.get("secret") else default)
+        shown = f.metadata.get("shown_default") or (
+            "none" if default in (None, ()) else ("set" if f.metadata.get("secret") else default)
+        )
         parser.add_argument(flag, dest=f.name, default=None, help=f"{f.metadata['help']} [env {env}; default {shown}]")
     return parser
 
