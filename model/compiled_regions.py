@@ -68,22 +68,20 @@ def region(fn: F) -> F:
         backend = _state.backend
         if backend is None:
             return fn(*args, **kwargs)
-        key = (fn, _signature(args, kwargs))
-        if key in _failed:
+        if _failed and (fn, _signature(args, kwargs)) in _failed:  # the signature only once something failed
             return fn(*args, **kwargs)
         try:
             return _compiled_fn(fn, backend)(*args, **kwargs)
         except Exception as e:  # a compiler failure: run eagerly (a genuine error raises again from the eager call)
             if not _is_compile_error(e):
                 raise
-            _failed.add(key)
+            _failed.add((fn, _signature(args, kwargs)))
             log.warning(
                 "compiling %s failed (%s); it runs eagerly for these shapes from now on", fn.__qualname__,
                 type(e).__name__,
             )  # fmt: skip
             return fn(*args, **kwargs)
 
-    call.eager = fn  # type: ignore[attr-defined]
     return call  # type: ignore[return-value]
 
 

@@ -172,13 +172,7 @@ class FeedForward(nn.Module):
 
 class TransformerBlock(nn.Module):
     def __init__(
-        self,
-        dim: int,
-        n_head: int,
-        n_local_heads: int,
-        intermediate_size: int,
-        qkv_bias: bool,
-        norm_eps: float,
+        self, dim: int, n_head: int, n_local_heads: int, intermediate_size: int, qkv_bias: bool, norm_eps: float
     ) -> None:
         super().__init__()
         self.attention = Attention(dim, n_head, n_local_heads, qkv_bias)

@@ -145,11 +145,11 @@ class Backend:
         self.compile_max_batch = (
             (COMPILE_MAX_BATCH_AUTO if graphs else 0) if config.compile_max_batch is None else config.compile_max_batch
         )
-        if self.compile_max_batch > 0 and config.compile_cache_dir is not None:
-            config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
-            # assigned, not defaulted: inductor writes its default into the environment the first time it asks
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
         if self.compile_max_batch > 0:
+            if config.compile_cache_dir is not None:
+                config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
+                # assigned, not defaulted: inductor writes its default into the environment the first time it asks
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
             log.info(
                 "the decode step of batches up to %d is compiled with torch.compile before its graphs are captured "
                 "(about 1.5 minutes on a first start, ~35 s from a warm cache in %s; --compile-max-batch 0 skips it)",
