@@ -106,11 +106,11 @@ class LiveConnection:
     # ---- receiving ------------------------------------------------------------------------------------------------
     async def _receive_loop(self) -> None:
         first = True
-        while self.state is not LiveState.CLOSED:
+        while self.state is not LiveState.CLOSED and not self._sender_done():
             message = await self._receive_with_deadline()
-            if message is None:  # a deadline passed (segmenter idle cut, or a limit closed the socket)
-                if self.state is LiveState.CLOSED:
-                    break
+            if (
+                message is None
+            ):  # a deadline passed (segmenter idle cut, or a limit closed the socket), or the sender ended
                 continue
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
@@ -135,9 +135,12 @@ class LiveConnection:
                 await self._send(proto.error(w.code, w.message))
             if self.session is not None and self._sender is None:
                 self._sender = asyncio.create_task(self._send_loop())
-        if self._sender is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
+        sender = self._sender
+        if sender is not None and sender.done() and not sender.cancelled():
+            sender.result()  # what ended the sender ends the connection (a send timeout is a WebSocketDisconnect)
+
+    def _sender_done(self) -> bool:
+        return self._sender is not None and self._sender.done()
 
     async def _receive_with_deadline(self) -> MutableMapping[str, Any] | None:
         now = time.monotonic()
@@ -151,7 +154,7 @@ class LiveConnection:
             return None
         timeout = max(0.0, min(deadlines) - now)
         try:
-            return await asyncio.wait_for(self.ws.receive(), timeout)
+            return await self._receive_unless_sender_ends(timeout)
         except TimeoutError:
             now = time.monotonic()
             if now >= self.opened_s + s.max_session_s:
@@ -165,6 +168,23 @@ class LiveConnection:
                 if now >= self.last_client_s + s.idle_timeout_s:
                     self.last_client_s = now  # busy speaking: the idle clock restarts
             return None
+
+    async def _receive_unless_sender_ends(self, timeout: float) -> MutableMapping[str, Any] | None:
+        """The client's next message, or None as soon as the sender task ends (it closed the connection, or failed):
+        a client that stopped reading sends nothing either, and its session must not wait for its socket to go."""
+        sender = self._sender
+        if sender is None:
+            return await asyncio.wait_for(self.ws.receive(), timeout)
+        receive = asyncio.ensure_future(self.ws.receive())
+        try:
+            done, _ = await asyncio.wait((receive, sender), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            receive.cancel()
+        if receive in done:
+            return receive.result()
+        if sender in done:
+            return None
+        raise TimeoutError
 
     def _busy(self) -> bool:
         return (self.session is not None and self.session.undelivered_samples > 0) or self.state is LiveState.STOPPING
@@ -306,9 +326,10 @@ class LiveConnection:
                 await asyncio.wait_for(self.ws.send(message), self.gw.settings.send_timeout_s)
             except TimeoutError:
                 log.warning("live session %s: client not reading; closing", self.session.id if self.session else "-")
+                if self.session is not None:
+                    self.session.close()  # free the slot now, not once the close frame gets through
                 self.state = LiveState.CLOSED
-                with contextlib.suppress(Exception):
-                    await self.ws.close(CLOSE_POLICY)
+                await self._close_socket(CLOSE_POLICY)
                 raise WebSocketDisconnect(CLOSE_POLICY) from None
 
     async def _fail(self, code: str, message: str, close_code: int) -> None:
@@ -322,5 +343,9 @@ class LiveConnection:
         if self.state is not LiveState.CLOSED:
             self.state = LiveState.CLOSED
             self.close_code = code
-            with contextlib.suppress(Exception):
-                await self.ws.close(code)
+            await self._close_socket(code)
+
+    async def _close_socket(self, code: int) -> None:
+        """Send the close frame, bounded: a client that stopped reading never takes it."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code), self.gw.settings.send_timeout_s)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from streaming.segmenter import Segmenter, SegmenterConfig
 from streaming.synth import segment_text as split_text
-from tests.server.conftest import API_KEY, ServerHandle
+from tests.server.conftest import API_KEY, ServerHandle, start_server
 from tests.server.http_helpers import (
     FRAME_SAMPLES,
     assert_error,
@@ -25,6 +27,7 @@ from tests.server.http_helpers import (
     s16,
     wav_fields,
 )
+from tests.streaming.engine_helpers import RANDOM_TINY_MODEL
 
 TEXT = "Hello there. This is a test."
 SHORT = "Hi there."
@@ -217,6 +220,29 @@ def test_client_leaving_mid_stream_frees_the_session(server: ServerHandle) -> No
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/tts", json={"text": long_text}, timeout=httpx.Timeout(5, read=1.0))
     wait_until_no_sessions(engine)
+
+
+def test_a_stream_nobody_reads_is_dropped_and_frees_its_session(tmp_path: Path) -> None:
+    # the tiny random model fills the socket's kernel buffers in seconds; the server then gives up after its 2 s
+    # send timeout, while the client still holds the connection open
+    with start_server(tmp_path, checkpoint=RANDOM_TINY_MODEL, send_timeout_s=2.0) as srv:
+        body = json.dumps({"text": "Never read. " * 200, "streaming": True, "format": "pcm", "max_new_tokens": 4000})
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.settings.port))
+        try:
+            sock.sendall(
+                f"POST /v1/tts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+            )
+            deadline = time.monotonic() + 5
+            while not srv.gateway.engine.open_sessions and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert srv.gateway.engine.open_sessions == 1
+            wait_until_no_sessions(srv.gateway.engine, timeout_s=25)
+        finally:
+            sock.close()
+        assert tts(srv, text=SHORT, format="pcm").status_code == 200
 
 
 def wait_until_no_sessions(engine, timeout_s: float = 5.0) -> None:
