@@ -12,17 +12,27 @@ import bisect
 
 import torch
 
+from .compiled_regions import compiled
 from .vocoder_stream import StreamingDecoder
 
 
 class GraphedVocoder:
-    def __init__(self, decoder: StreamingDecoder, n_sessions: int, batch_buckets: list[int]) -> None:
+    def __init__(
+        self,
+        decoder: StreamingDecoder,
+        n_sessions: int,
+        batch_buckets: list[int],
+        compile_backend: str | None = None,
+    ) -> None:
+        """`compile_backend` ("inductor"; "eager" only checks tracing): each (bucket, frames) graph captures the
+        chunk decode compiled by torch.compile (model.compiled_regions) instead of eager PyTorch."""
         if decoder.max_slots < n_sessions + max(batch_buckets) - 1:
             raise ValueError("the streaming decoder needs spare slots for padding rows (max_slots ≥ 2·n_sessions)")
         self.decoder = decoder
         self.n_sessions = n_sessions
         self.buckets = sorted(batch_buckets)
         self.rows = decoder.codec.config.quantizer.n_groups * decoder.codec.config.quantizer.n_codebooks
+        self.compile_backend = compile_backend
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -40,13 +50,14 @@ class GraphedVocoder:
         saved = self.decoder.state[spare].clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.decoder.decode(codes, slots)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self.decoder.decode(codes, slots)
+        with compiled(self.compile_backend):
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up; the first call also compiles, when compiling
+                    self.decoder.decode(codes, slots)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self.decoder.decode(codes, slots)
         self.decoder.state[spare] = saved
         self._graphs[(bucket, frames)] = (graph, codes, slots, out)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .compiled_regions import region
 from .vocoder import FireflyCodec
 
 
@@ -94,8 +95,16 @@ class StreamingDecoder:
             raise ValueError(
                 f"need codes (B, rows, F) and slots (B,), got {tuple(codes.shape)} and {tuple(slots.shape)}"
             )
-        prev = self.state.index_select(0, slots)  # (B, state_numel)
-        ctx = _SlotContext(self._layout, prev)
-        audio = self.codec.decode_with_context(codes, ctx)  # (B, F·spf)
-        self.state.index_copy_(0, slots, ctx.new_state())
-        return audio
+        return _decode_chunk(self, codes, slots)
+
+
+@region
+def _decode_chunk(decoder: StreamingDecoder, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One chunk for the given slots: gather their state rows, decode with them as left context, scatter the new
+    rows back. A compiled region: inside `compiled(backend)` (model.compiled_regions) it runs through torch.compile,
+    once per (B, F) shape."""
+    prev = decoder.state.index_select(0, slots)  # (B, state_numel)
+    ctx = _SlotContext(decoder._layout, prev)
+    audio = decoder.codec.decode_with_context(codes, ctx)  # (B, F·spf)
+    decoder.state.index_copy_(0, slots, ctx.new_state())
+    return audio

@@ -60,6 +60,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 graph_prefill={"on": True, "off": False}.get(settings.graph_prefill),
                 batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
                 compile_max_batch=settings.compile_max_batch,
+                compile_vocoder=settings.compile_vocoder == "on",
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             )
         )

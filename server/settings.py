@@ -58,6 +58,11 @@ class Settings:
                   "start-up +18 s with a warm --compile-cache-dir, +78 s on an empty one (docs/BENCHMARKS.md run 12)",
                   "shown_default": "auto"},
     )  # fmt: skip
+    compile_vocoder: str = field(
+        default="off",
+        metadata={"help": "on | off: torch.compile the streaming vocoder's chunk decode before its CUDA graphs are "
+                  "captured (GPU only; not yet measured on the H200, so off by default)"},
+    )  # fmt: skip
     compile_cache_dir: Path | None = field(
         default=None,
         metadata={"help": "torch.compile's cache (default: $TORCHINDUCTOR_CACHE_DIR if exported, else "
@@ -147,6 +152,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --graph-first-frames must be on or off")
     if settings.graph_prefill not in ("auto", "on", "off"):
         raise SystemExit("fishgate: --graph-prefill must be auto, on or off")
+    if settings.compile_vocoder not in ("on", "off"):
+        raise SystemExit("fishgate: --compile-vocoder must be on or off")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:
         raise SystemExit("fishgate: --compile-max-batch must be 0 (off) or a number of rows")
     if settings.graphs_up_front is not None and settings.graphs_up_front < 1:

@@ -90,6 +90,9 @@ class BackendConfig:
     # Inductor's caches live in compile_cache_dir (None: TORCHINDUCTOR_CACHE_DIR, else torch's default under /tmp),
     # so a restart skips code generation.
     compile_max_batch: int | None = 0
+    # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
+    # CUDA graphs only; the CPU decodes eagerly). Off until measured on the H200 (bench/vocoder_variants.py).
+    compile_vocoder: bool = False
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -145,11 +148,14 @@ class Backend:
         self.compile_max_batch = (
             (COMPILE_MAX_BATCH_AUTO if graphs else 0) if config.compile_max_batch is None else config.compile_max_batch
         )
+        self.compile_vocoder = config.compile_vocoder and graphs
+        if config.compile_vocoder and not graphs:
+            log.info("--compile-vocoder applies to CUDA-graph vocoders only; this %s vocoder runs eagerly", self.device)
+        if (self.compile_max_batch > 0 or self.compile_vocoder) and config.compile_cache_dir is not None:
+            config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
+            # assigned, not defaulted: inductor writes its default into the environment the first time it asks
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
         if self.compile_max_batch > 0:
-            if config.compile_cache_dir is not None:
-                config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
-                # assigned, not defaulted: inductor writes its default into the environment the first time it asks
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
             log.info(
                 "the decode step of batches up to %d is compiled with torch.compile before its graphs are captured "
                 "(about 1.5 minutes on a first start, ~35 s from a warm cache in %s; --compile-max-batch 0 skips it)",
@@ -178,11 +184,12 @@ class Backend:
         self.vocoder = StreamingDecoder(
             self.codec, max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0)
         )
-        self.vocoder_graphs = (
-            GraphedVocoder(self.vocoder, config.max_sessions, power_of_two_buckets(self.vocoder_batch))
-            if graphs
-            else None
-        )
+        self.vocoder_graphs = None
+        if graphs:
+            self.vocoder_graphs = GraphedVocoder(
+                self.vocoder, config.max_sessions, power_of_two_buckets(self.vocoder_batch),
+                compile_backend="inductor" if self.compile_vocoder else None,
+            )  # fmt: skip
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self._normalize = get_normalizer(meta.get("text_normalizer"))
         self.im_end_id = self.tokenizer.im_end_id

@@ -8,6 +8,8 @@ import copy
 import pytest
 import torch
 
+from model import compiled_regions
+from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 from .codec_testing import decode_chunked, fixture_codec, one_thread, small_codec
@@ -146,3 +148,42 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
     offline = codec.decode(codes)
     assert _max_diff(torch.cat(eager_chunks, -1), offline) <= 1e-5
     assert _max_diff(torch.cat(graph_chunks, -1), offline) <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_compiled_chunk_decode_equals_eager(backend):
+    """The chunk decode as a compiled region (what GraphedVocoder captures with a compile backend): dynamo's fullgraph
+    trace ("eager") is bitwise the plain decode; inductor's CPU kernels agree to fp32 rounding, chunk after chunk."""
+    codec = small_codec()
+    torch.manual_seed(4)
+    codes = torch.randint(0, codec.config.codebook_size, (2, codec.config.rows, 12))
+    slots = torch.tensor([2, 0])
+    plain, traced = StreamingDecoder(codec, max_slots=3), StreamingDecoder(codec, max_slots=3)
+    expected = decode_chunked(plain, codes, slots, [3])
+    compiled_regions.reset()
+    with compiled_regions.compiled(backend):
+        got = decode_chunked(traced, codes, slots, [3])
+    assert compiled_regions.failed_regions() == []
+    if backend == "eager":
+        assert torch.equal(got, expected)
+    else:
+        assert _max_diff(got, expected) <= 1e-5
+    assert _max_diff(traced.state, plain.state) <= 1e-5  # the slots' history continues the same
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphed_vocoder_compiled_equals_plain_graphs():
+    codec = copy.deepcopy(small_codec()).to("cuda")
+    torch.manual_seed(5)
+    codes = torch.randint(0, codec.config.codebook_size, (3, codec.config.rows, 16), device="cuda")
+    slots = torch.tensor([0, 2, 1], device="cuda")
+    outs = []
+    for backend in (None, "inductor"):
+        graphed = GraphedVocoder(StreamingDecoder(codec, max_slots=8), 4, [1, 2, 4], compile_backend=backend)
+        outs.append(torch.cat([graphed.decode(codes[..., s : s + 4], slots) for s in range(0, 16, 4)], -1))
+    assert compiled_regions.failed_regions() == []
+    assert _max_diff(outs[1], outs[0]) <= 1e-5
+    assert _max_diff(outs[0], codec.decode(codes)) <= 1e-5

@@ -140,5 +140,9 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([], {"FISHGATE_COMPILE_CACHE_DIR": "/tmp/cc"}).resolved_compile_cache_dir.name == "cc"
     with pytest.raises(SystemExit, match="--compile-max-batch must be 0"):
         parse_settings(["--compile-max-batch", "-1"])
+    assert parse_settings([]).compile_vocoder == "off"
+    assert parse_settings(["--compile-vocoder", "on"]).compile_vocoder == "on"
+    with pytest.raises(SystemExit, match="--compile-vocoder must be on or off"):
+        parse_settings(["--compile-vocoder", "yes"])
     with pytest.raises(SystemExit, match="--max-sessions must be at least 1"):
         parse_settings(["--max-sessions", "0"])

@@ -19,3 +19,8 @@ def test_an_explicit_compile_limit_is_kept_on_cpu() -> None:
     backend = Backend(BackendConfig(max_sessions=2, compile_max_batch=1))
     assert backend.compile_max_batch == 1
     assert backend.stepper.compile_backend == "inductor" and backend.stepper.compile_max_batch == 1
+
+
+def test_compile_vocoder_is_for_cuda_graph_vocoders_only() -> None:
+    backend = Backend(BackendConfig(max_sessions=2, compile_vocoder=True))
+    assert backend.compile_vocoder is False and backend.vocoder_graphs is None  # the CPU decodes eagerly

@@ -59,15 +59,17 @@ def test_engine_streams_on_cuda_and_vocoder_graphs_equal_eager() -> None:
 
 
 def test_engine_with_compiled_step_regions_streams_on_cuda() -> None:
-    """--compile-max-batch: buckets ≤ 2 rows run inductor-compiled regions inside their CUDA graphs; two sessions
-    stream whole utterances and no region fell back to eager (the fp32 equivalence is tests/model/test_gpu.py's)."""
+    """--compile-max-batch and --compile-vocoder: buckets ≤ 2 rows run inductor-compiled regions inside their CUDA
+    graphs, and so does every vocoder graph; two sessions stream whole utterances and no region fell back to eager
+    (the fp32 equivalences are tests/model/test_gpu.py's and test_vocoder_stream.py's)."""
 
     def compiled_backend(config):
-        return Backend(dataclasses.replace(config, compile_max_batch=2))
+        return Backend(dataclasses.replace(config, compile_max_batch=2, compile_vocoder=True))
 
     async def main():
         with running_engine(max_sessions=4, backend_factory=compiled_backend) as engine:
-            assert engine._worker.b.stepper.compile_backend == "inductor"
+            b = engine._worker.b
+            assert b.stepper.compile_backend == "inductor" and b.vocoder_graphs.compile_backend == "inductor"
             sessions = [
                 engine.open_session(Voice(), SynthesisSettings(seed=5 + i, max_new_tokens=40)) for i in range(2)
             ]

@@ -1,0 +1,108 @@
+"""The streaming vocoder with and without torch.compile inside its CUDA graphs (`--compile-vocoder`).
+
+For each variant, a GraphedVocoder over the official codec config (bf16, random weights) — the serving path —
+captures one graph per (batch, frames) shape; the table gives the replay time, real-time factor, compile+capture
+seconds, and each variant's error against an fp32 eager decode of the same codes (two chunks, so the carried state
+is checked too). Issue 3's levels: ≤ 2.5 ms (pass) / 1.5 ms (target) per 8-frame chunk at batch 1, ≥ 1,500× /
+2,500× real time batched. On CPU (`--tiny`, a smoke test of the script) the decoder runs without graphs.
+
+    python -m bench.vocoder_variants --out $OUT/vocoder_variants.json     (GPU; ~2-4 min with compiles)
+    python -m bench.vocoder_variants --tiny                               (CPU smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bench.fullsize import environment, event_ms, random_codec, wall_ms, write_json
+from model import compiled_regions
+from model.vocoder_graphs import GraphedVocoder
+from model.vocoder_stream import StreamingDecoder
+
+SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24))
+VARIANTS = ("graph", "graph+compiled")
+
+
+def codes_for(b: int, f: int, rows: int, device: str) -> list[torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(b * 100 + f)
+    return [torch.randint(0, 1000, (b, rows, f), generator=g, device=device) for _ in range(2)]
+
+
+@torch.inference_mode()
+def reference(device: str, tiny: bool) -> dict[tuple[int, int], torch.Tensor]:
+    """fp32 eager audio of both chunks of every shape (the same random weights as the bf16 codec)."""
+    codec = random_codec(device, torch.float32, tiny=tiny)
+    out = {}
+    for b, f in SHAPES:
+        dec = StreamingDecoder(codec, max_slots=b)
+        slots = torch.arange(b, device=device)
+        out[(b, f)] = torch.cat([dec.decode(c, slots) for c in codes_for(b, f, codec.config.rows, device)], -1)
+    return out
+
+
+@torch.inference_mode()
+def run_variant(variant: str, device: str, tiny: bool, ref: dict[tuple[int, int], torch.Tensor]) -> list[dict]:
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    codec = random_codec(device, dtype, tiny=tiny)
+    backend = "inductor" if variant == "graph+compiled" else None
+    compiled_regions.reset()
+    rows = []
+    for b, f in SHAPES:
+        chunks = codes_for(b, f, codec.config.rows, device)
+        slots = torch.arange(b, device=device)
+        dec = StreamingDecoder(codec, max_slots=2 * b)
+        t0 = time.perf_counter()
+        if device == "cuda":
+            graphed = GraphedVocoder(dec, b, [b], compile_backend=backend)
+            graphed.capture(b, f)
+            torch.cuda.synchronize()
+            prepare_s = time.perf_counter() - t0
+            ms = event_ms(lambda g=graphed, c=chunks[0], s=slots: g.decode(c, s), iters=20 if b <= 8 else 10)
+            dec.reset(slots)
+            audio = torch.cat([graphed.decode(c, slots).clone() for c in chunks], -1)
+        else:
+            with compiled_regions.compiled(backend):
+                dec.decode(chunks[0], slots)
+                prepare_s = time.perf_counter() - t0
+                ms = wall_ms(lambda d=dec, c=chunks[0], s=slots: d.decode(c, s), device, iters=5)
+                dec.reset(slots)
+                audio = torch.cat([dec.decode(c, slots) for c in chunks], -1)
+        expected = ref[(b, f)]
+        audio_s = b * f * codec.config.samples_per_frame / codec.config.sample_rate
+        row = {
+            "variant": variant, "batch": b, "frames": f, "ms": round(ms, 3),
+            "x_realtime": round(audio_s / (ms / 1e3), 1), "compile_capture_s": round(prepare_s, 1),
+            "rel_err_vs_fp32": float((audio.float() - expected).norm() / expected.norm()),
+            "max_abs_vs_fp32": float((audio.float() - expected).abs().max()),
+        }  # fmt: skip
+        print(row, flush=True)
+        rows.append(row)
+    row_failed = compiled_regions.failed_regions()
+    if row_failed:
+        print(f"{variant}: regions that fell back to eager: {row_failed}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--tiny", action="store_true", help="the tiny codec config (CPU smoke test)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    ref = reference(device, args.tiny)
+    rows = [r for v in VARIANTS for r in run_variant(v, device, args.tiny, ref)]
+    print(f"\n{'variant':<16}{'batch×frames':>13}{'ms':>9}{'× real time':>13}{'compile s':>11}{'rel err':>10}")
+    for r in rows:
+        shape = f"{r['batch']}×{r['frames']}"
+        print(
+            f"{r['variant']:<16}{shape:>13}{r['ms']:>9.3f}{r['x_realtime']:>13.1f}"
+            f"{r['compile_capture_s']:>11.1f}{r['rel_err_vs_fp32']:>10.2e}"
+        )
+    write_json(args.out, {"environment": environment(), "device": device, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
