@@ -118,14 +118,16 @@ def test_cancel_stops_audio_and_the_session_goes_on(server: ServerHandle) -> Non
             await c.send({"event": "cancel"})
             cancelled = LiveResult()
             await c.read_until(cancelled, ("cancelled",))
+            at_cancel = server.gateway.engine.stats()
             await c.send({"event": "text", "text": "Short one after the cancel."})
             await c.send({"event": "stop"})
             after = LiveResult()
             await c.wait_closed(after)
-            return cancelled, after
+            return cancelled, at_cancel, after
 
-    cancelled, after = run(main())
+    cancelled, at_cancel, after = run(main())
     assert cancelled.of("cancelled")
+    assert at_cancel["decoding"] == 0  # the engine stopped generating, not only the socket stopped getting audio
     assert after.events[-1]["reason"] == "stop" and len(after.audio) > 0
     # the cancelled utterance's audio stopped: far less than the ~750 frames it would have made
     assert len(cancelled.audio) < 200 * 2048 * 2
@@ -356,10 +358,13 @@ def test_cancel_after_stop_barges_into_the_finishing_utterance(server: ServerHan
             r = LiveResult()
             await c.read_until(r, ("audio",))
             await c.send({"event": "cancel"})
+            await c.read_until(r, ("cancelled",))
+            at_cancel = server.gateway.engine.stats()
             await c.wait_closed(r)
-            return r
+            return r, at_cancel
 
-    r = run(main())
+    r, at_cancel = run(main())
+    assert at_cancel["decoding"] == 0  # generation stopped at the cancel
     kinds = [e["event"] for e in r.events]
     assert kinds[-2:] == ["cancelled", "finish"] and r.events[-1]["reason"] == "stop" and r.close_code == 1000
     assert len(r.audio) < 300 * 2048 * 2  # far short of the whole utterance

@@ -216,13 +216,18 @@ def test_cancel_stops_now_and_the_session_goes_on() -> None:
             first = await s.next_event()  # audio has started
             s.cancel()
             cancelled = await collect(s)
+            at_cancel = engine.stats()  # the Cancelled event comes after the segment left the decode batch
+            await asyncio.sleep(0.3)
+            later = engine.stats()
             after = await speak(s, "And now something short.")
             stats = engine.stats()
             s.close()
-            return first, cancelled, after, stats
+            return first, cancelled, at_cancel, later, after, stats
 
-    _first, cancelled, after, stats = asyncio.run(main())
+    _first, cancelled, at_cancel, later, after, stats = asyncio.run(main())
     assert cancelled.cancelled is not None and cancelled.done is None
+    # generation stopped, not just the audio: no row decodes and no frame is made after the cancel
+    assert at_cancel["decoding"] == 0 and later["frames"] == at_cancel["frames"], (at_cancel, later)
     assert after.done is not None and len(after.pcm) > 0 and not after.errors
     assert stats["decoding"] == 0
 
@@ -234,11 +239,13 @@ def test_a_thousand_open_cancel_close_cycles_leak_nothing() -> None:
             for i in range(1000):
                 s = engine.open_session(Voice(), SynthesisSettings(seed=i, max_new_tokens=3))
                 s.speak("Hi.")
-                if i % 3 == 0:
-                    s.cancel()
-                elif i % 3 == 1:
+                if i % 3 == 1:
                     s.end_utterance()
-                    await collect(s)
+                    await collect(s)  # the utterance runs to its end
+                else:
+                    await s.next_event()  # the first audio: the segment is decoding now
+                    if i % 3 == 0:
+                        s.cancel()  # barge-in while generating
                 s.close()  # i % 3 == 2: close while generating (a client that vanished)
             await asyncio.sleep(0.5)
             return engine.open_sessions, worker.rows.active, len(worker.streams), len(worker.free_slots)
