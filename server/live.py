@@ -95,10 +95,11 @@ class LiveConnection:
             if self.session is not None:
                 self.session.close()
             sender = self._sender
-            if sender is not None and not sender.done():
-                sender.cancel()
+            if sender is not None:
+                if not sender.done():
+                    sender.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sender
+                    await sender  # also takes what it ended with, so nothing is logged as never retrieved
             self.state = LiveState.CLOSED
             if self.session is not None:
                 self.gw.metrics.live_sessions.dec()
@@ -322,6 +323,8 @@ class LiveConnection:
             return
         message = proto.encode_event(event, self.encoding)
         async with self.send_lock:
+            if self.state is LiveState.CLOSED:  # closed while this send waited for the lock (a send timeout)
+                return
             try:
                 await asyncio.wait_for(self.ws.send(message), self.gw.settings.send_timeout_s)
             except TimeoutError:

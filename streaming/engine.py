@@ -27,7 +27,9 @@ from .worker import Worker, WorkerLimits, run_forever
 
 log = logging.getLogger(__name__)
 
-# Commands in flight from all sessions together; a full queue refuses new work instead of growing.
+# Commands in flight from all sessions together; a full queue refuses new work instead of growing. A session's one
+# Close is never refused (a refused Close would leave the worker holding its slot while the engine counted it free),
+# and each Close follows an admitted open: the queue never holds more than twice this.
 COMMAND_QUEUE_SIZE = 4096
 WARM_UP_TEXT = "Hello world."
 
@@ -58,7 +60,7 @@ class Engine:
         self.info: ModelInfo | None = None
         self.timings_s: dict[str, float] = {}
         self.fault: str | None = None
-        self._commands: queue.Queue[object] = queue.Queue(maxsize=COMMAND_QUEUE_SIZE)
+        self._commands: queue.Queue[object] = queue.Queue()  # bounded by _send (COMMAND_QUEUE_SIZE)
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -152,7 +154,12 @@ class Engine:
             self._sessions[session.id] = session
         worker = self._worker
         assert worker is not None
-        self._send(lambda: worker.add(session))
+        try:
+            self._send(lambda: worker.add(session))
+        except Overloaded:
+            with self._lock:  # nobody holds this session: its place is free again
+                self._sessions.pop(session.id, None)
+            raise
         return session
 
     def _send(self, cmd: object) -> None:
@@ -161,10 +168,9 @@ class Engine:
         if isinstance(cmd, Close):
             with self._lock:
                 self._sessions.pop(cmd.session, None)
-        try:
-            self._commands.put_nowait(cmd)
-        except queue.Full:
-            raise Overloaded("the engine's command queue is full; retry later") from None
+        elif self._commands.qsize() >= COMMAND_QUEUE_SIZE:
+            raise Overloaded("the engine's command queue is full; retry later")
+        self._commands.put_nowait(cmd)
 
     async def run_job(self, fn: Callable[[Worker], T]) -> T:
         """Run fn(worker) on the worker thread (between steps) and await its result."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .chunking import Latency
-from .errors import FishgateError, SessionClosed
+from .errors import SessionClosed
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +192,7 @@ class Session:
         if isinstance(ev, SessionError) and ev.fatal:
             # the worker has dropped the stream; the engine's session count must drop too, whether or not the owner
             # ever calls close() (a stalled client's session used to hold its capacity for good)
-            with contextlib.suppress(FishgateError):  # Close leaves the count before the queue: full is harmless
-                self.close()
+            self.close()
         self._events.append(ev)
         self._wakeup.set()
 

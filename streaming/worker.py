@@ -24,7 +24,7 @@ import torch
 
 from .backend import Backend, RowSampling, history_is_append
 from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, refill_size, split_tail
-from .errors import EngineFault, FishgateError, IncompatibleVoice, PromptTooLong
+from .errors import EngineFault, FishgateError, IncompatibleVoice, Overloaded, PromptTooLong
 from .rows import RowTable
 from .session import (
     AudioChunk,
@@ -111,6 +111,11 @@ class Worker:
 
     # ---- sessions ----------------------------------------------------------------------------------------------------
     def add(self, session: Session) -> None:
+        if not self.free_slots:  # the engine admits no more sessions than slots; never let a miscount end the worker
+            log.error("session %s: no free slot although the engine admitted it; closing it", session.id)
+            self.stats.errors += 1
+            session.post(SessionError(Overloaded.code, "the engine has no free session slot; retry later", None, True))
+            return
         s = session.settings
         refs = session.voice.references
         try:

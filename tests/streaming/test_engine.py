@@ -8,12 +8,14 @@ import dataclasses
 import functools
 import gc
 import json
+import threading
 
 import numpy as np
 import pytest
 import torch
 
 from model.codec_checkpoint import load_codec
+from streaming import engine as engine_module
 from streaming.backend import Backend, BackendConfig, default_checkpoint
 from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded
@@ -268,6 +270,43 @@ def test_admission_control_refuses_beyond_capacity() -> None:
                 engine.open_session(Voice(), SETTINGS)
 
     asyncio.run(main())
+
+
+def test_a_full_command_queue_refuses_work_but_never_a_close(monkeypatch) -> None:
+    """A client sending text faster than a busy worker takes it fills the command queue: new work is refused with
+    Overloaded, but the engine must not lose count: an open that was refused holds no place, and a close always
+    reaches the worker (a refused Close left the worker holding the slot, and the next admission ended the worker)."""
+    monkeypatch.setattr(engine_module, "COMMAND_QUEUE_SIZE", 32)
+
+    async def main():
+        with running_engine(max_sessions=2) as engine:
+            worker = engine._worker
+            gate = threading.Event()
+            busy = asyncio.ensure_future(engine.run_job(lambda w: gate.wait(30)))  # a long worker turn
+            await asyncio.sleep(0.1)
+            s1 = engine.open_session(Voice(), SETTINGS)
+            with pytest.raises(Overloaded, match="command queue is full"):
+                for _ in range(100):
+                    s1.speak("Hello there.")
+            with pytest.raises(Overloaded, match="command queue is full"):
+                engine.open_session(Voice(), SETTINGS)
+            assert engine.open_sessions == 1  # the refused open holds no place
+            s1.close()  # accepted although the queue is full
+            gate.set()
+            await busy
+            for _ in range(100):
+                if engine.stats()["command_queue"] == 0 and not worker.streams:
+                    break
+                await asyncio.sleep(0.05)
+            freed = (engine.open_sessions, len(worker.streams), len(worker.free_slots))
+            outs = await asyncio.gather(
+                *(speak(engine.open_session(Voice(), SETTINGS), "Still serving.") for _ in range(2))
+            )
+            return freed, outs, engine.state.value
+
+    freed, outs, state = asyncio.run(main())
+    assert freed == (0, 0, 2)
+    assert state == "ready" and all(o.done is not None and len(o.pcm) > 0 for o in outs)
 
 
 def test_backpressure_stalls_then_closes_a_client_that_never_reads() -> None:
