@@ -133,6 +133,7 @@ def test_reference_audio_path_inside_the_directory(server: ServerHandle) -> None
         server, text=SHORT, format="pcm", reference_audio="shared/clip.wav", reference_text="A reference clip.", seed=7
     )
     assert given.content == with_lab.content
+    assert tts(server, text=SHORT, format="pcm", seed=7).content != with_lab.content  # the clip was the voice
 
 
 def test_reference_audio_outside_the_directory_is_refused(server: ServerHandle, tmp_path: Path) -> None:

@@ -205,8 +205,11 @@ def test_reference_audio_that_is_not_audio_too_long_or_empty(server: ServerHandl
 
 
 def test_reference_audio_clones_a_voice(server: ServerHandle) -> None:
-    r = run(speak(server.ws_url, [TEXT], references=[{"audio": wav_bytes(3.0), "text": "A reference sentence."}]))
+    refs = [{"audio": wav_bytes(3.0), "text": "A reference sentence."}]
+    r = run(speak(server.ws_url, [TEXT], references=refs, seed=11))
     assert r.events[-1]["reason"] == "stop" and len(r.audio) > 0
+    assert run(speak(server.ws_url, [TEXT], references=refs, seed=11)).audio == r.audio  # seeded: reproducible
+    assert run(speak(server.ws_url, [TEXT], seed=11)).audio != r.audio  # so the reference made the difference
 
 
 def test_deeply_nested_msgpack_closes_1007(server: ServerHandle) -> None:

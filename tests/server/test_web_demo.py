@@ -7,6 +7,7 @@ skips when it or playwright is missing. Saves a screenshot to test-artifacts/web
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -227,9 +228,13 @@ def test_clone_a_voice_from_a_clip_and_speak_with_it(server: ServerHandle, brows
     assert "web-demo-voice" in [v["id"] for v in normalize_voices(httpx.get(server.base_url + "/v1/references"))]
     page.select_option("#mode", "all")
     page.fill("#text", SENTENCE)
+    sent: list[str] = []  # the page's WebSocket frames (JSON text)
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(str(payload))))
     frames_before = server.vocoded_frames()
     page.click("#speak")
     assert_spoken(page, server, frames_before)
+    starts = [json.loads(f) for f in sent if '"start"' in f]
+    assert starts and starts[0]["request"]["reference_id"] == "web-demo-voice", sent[:2]  # spoken in the new voice
     assert console.errors == []
     page.close()
 
