@@ -62,7 +62,8 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 compile_max_batch=settings.compile_max_batch,
                 compile_vocoder=settings.compile_vocoder == "on",
                 compile_cache_dir=settings.resolved_compile_cache_dir,
-            )
+            ),
+            max_queued_chars=settings.max_queued_chars,
         )
     )
 

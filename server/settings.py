@@ -80,6 +80,11 @@ class Settings:
         default=None, metadata={"help": "where stored voices live (default: ~/.cache/fishgate/references)"}
     )
     max_text_chars: int = field(default=20_000, metadata={"help": "text per request / utterance, in characters"})
+    max_queued_chars: int = field(
+        default=50_000,
+        metadata={"help": "text one session may have waiting to be spoken (sent faster than it is spoken); more "
+                  "gets a text_too_long error event and the session goes on. At least --max-text-chars"},
+    )  # fmt: skip
     max_frame_bytes: int = field(default=32 * 2**20, metadata={"help": "largest WebSocket frame (bigger: close 1009)"})
     max_reference_bytes: int = field(default=10 * 2**20, metadata={"help": "largest reference audio file"})
     idle_timeout_s: float = field(default=120.0, metadata={"help": "close a WebSocket silent for this long"})
@@ -152,6 +157,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --graph-first-frames must be on or off")
     if settings.graph_prefill not in ("auto", "on", "off"):
         raise SystemExit("fishgate: --graph-prefill must be auto, on or off")
+    if settings.max_queued_chars < settings.max_text_chars:
+        raise SystemExit("fishgate: --max-queued-chars must be at least --max-text-chars (one request's text)")
     if settings.compile_vocoder not in ("on", "off"):
         raise SystemExit("fishgate: --compile-vocoder must be on or off")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:

@@ -49,6 +49,7 @@ class EngineConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     limits: WorkerLimits = field(default_factory=WorkerLimits)
     warm_up: bool = True
+    max_queued_chars: int = 50_000  # per session: text sent but not yet spoken (Session.speak refuses more)
     # what builds the backend on the worker thread (bench/host_ceiling.py swaps in a timed stand-in for the GPU)
     backend_factory: Callable[[BackendConfig], Backend] = Backend
 
@@ -150,7 +151,7 @@ class Engine:
                 raise Overloaded(
                     f"all {self.capacity} sessions are in use; retry later (--max-sessions sets the limit)"
                 )
-            session = Session(voice, settings, self._send, loop)
+            session = Session(voice, settings, self._send, loop, max_queued_chars=self.config.max_queued_chars)
             self._sessions[session.id] = session
         worker = self._worker
         assert worker is not None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .chunking import Latency
-from .errors import SessionClosed
+from .errors import SessionClosed, TextTooLong
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +124,29 @@ class Session:
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _dropped_utterances: set[int] = field(default_factory=set)
     _close_sent: bool = False  # the engine was told (Close): its capacity is free again
+    max_queued_chars: int = 50_000  # text sent to speak() but not yet spoken, all utterances together
+    _queued_chars: dict[int, int] = field(default_factory=dict)  # per utterance; event loop only
 
     # -- commands --
     def speak(self, text: str) -> int:
-        """Queue text (one segment) for the current utterance; returns the utterance number."""
+        """Queue text (one segment) for the current utterance; returns the utterance number. Text waiting to be
+        spoken is capped at `max_queued_chars` (TextTooLong beyond: wait for the audio to catch up)."""
         self._check_open()
+        queued = self.queued_chars
+        if text.strip() and queued + len(text) > self.max_queued_chars:
+            raise TextTooLong(
+                f"{queued} characters of this session are still waiting to be spoken and at most "
+                f"{self.max_queued_chars} may wait (--max-queued-chars); send more once the audio catches up"
+            )
         self._send(Speak(self.id, self.utterance, text))
+        if text.strip():  # the worker ignores blank text: no SegmentDone will release it
+            self._queued_chars[self.utterance] = self._queued_chars.get(self.utterance, 0) + len(text)
         return self.utterance
+
+    @property
+    def queued_chars(self) -> int:
+        """Text sent to speak() whose segment has not finished yet."""
+        return sum(self._queued_chars.values())
 
     def end_utterance(self) -> int:
         """No more text for this utterance: its audio finishes, then UtteranceDone. The next speak() starts anew."""
@@ -189,6 +205,14 @@ class Session:
         if isinstance(ev, AudioChunk) and ev.utterance in self._dropped_utterances:
             self.consumed_samples += len(ev.pcm)
             return
+        if isinstance(ev, SegmentDone):
+            left = self._queued_chars.get(ev.utterance, 0) - len(ev.text)
+            if left > 0:
+                self._queued_chars[ev.utterance] = left
+            else:
+                self._queued_chars.pop(ev.utterance, None)
+        elif isinstance(ev, UtteranceDone | Cancelled):  # whatever of it was still queued is dropped
+            self._queued_chars.pop(ev.utterance, None)
         if isinstance(ev, SessionError) and ev.fatal:
             # the worker has dropped the stream; the engine's session count must drop too, whether or not the owner
             # ever calls close() (a stalled client's session used to hold its capacity for good)

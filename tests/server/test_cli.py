@@ -140,6 +140,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([], {"FISHGATE_COMPILE_CACHE_DIR": "/tmp/cc"}).resolved_compile_cache_dir.name == "cc"
     with pytest.raises(SystemExit, match="--compile-max-batch must be 0"):
         parse_settings(["--compile-max-batch", "-1"])
+    assert parse_settings([]).max_queued_chars == 50_000
+    with pytest.raises(SystemExit, match="--max-queued-chars must be at least --max-text-chars"):
+        parse_settings(["--max-queued-chars", "100"])
+    assert parse_settings(["--max-queued-chars", "100", "--max-text-chars", "100"]).max_queued_chars == 100
     assert parse_settings([]).compile_vocoder == "off"
     assert parse_settings(["--compile-vocoder", "on"]).compile_vocoder == "on"
     with pytest.raises(SystemExit, match="--compile-vocoder must be on or off"):

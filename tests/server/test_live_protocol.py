@@ -351,6 +351,32 @@ def _send_masked(sock: socket.socket, event: dict) -> None:
     sock.sendall(b"\x82" + length + mask + masked)
 
 
+def test_text_sent_faster_than_it_is_spoken_is_refused_and_the_session_goes_on(tmp_path) -> None:
+    with start_server(tmp_path, checkpoint=RANDOM_TINY_MODEL, max_text_chars=100, max_queued_chars=100) as srv:
+
+        async def main():
+            async with open_live(srv.ws_url) as ws:
+                c = LiveClient(ws)
+                await c.start(max_new_tokens=2000)
+                sixty = "Sixty characters of text that take a while to be spoken ok."
+                await c.send({"event": "text", "text": sixty})
+                await c.send({"event": "flush"})  # handed to the engine: 60 queued
+                await c.send({"event": "text", "text": sixty})  # 120 > 100
+                refused = LiveResult()
+                await c.read_until(refused, ("error",))
+                await c.send({"event": "cancel"})
+                await c.read_until(refused, ("cancelled",))
+                await c.send({"event": "text", "text": "Short after the cancel."})
+                await c.send({"event": "stop"})
+                after = LiveResult()
+                await c.wait_closed(after)
+                return refused, after
+
+        refused, after = run(main())
+        assert refused.error_codes == ["text_too_long"] and "--max-queued-chars" in refused.of("error")[0]["message"]
+        assert after.events[-1]["reason"] == "stop" and len(after.audio) > 0
+
+
 def test_cancel_after_stop_barges_into_the_finishing_utterance(server: ServerHandle) -> None:
     async def main():
         async with open_live(server.ws_url) as ws:

@@ -18,7 +18,7 @@ from model.codec_checkpoint import load_codec
 from streaming import engine as engine_module
 from streaming.backend import Backend, BackendConfig, default_checkpoint
 from streaming.engine import Engine, EngineConfig
-from streaming.errors import NotReady, Overloaded
+from streaming.errors import NotReady, Overloaded, TextTooLong
 from streaming.session import SessionError, SynthesisSettings, Voice
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
 from tests.streaming.engine_helpers import (
@@ -307,6 +307,31 @@ def test_a_full_command_queue_refuses_work_but_never_a_close(monkeypatch) -> Non
     freed, outs, state = asyncio.run(main())
     assert freed == (0, 0, 2)
     assert state == "ready" and all(o.done is not None and len(o.pcm) > 0 for o in outs)
+
+
+def test_text_waiting_to_be_spoken_is_capped_per_session() -> None:
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=2, max_new_tokens=200))
+            s.max_queued_chars = 60
+            for _ in range(5):
+                s.speak("Hello there.")  # 12 characters each: 60 in all
+            with pytest.raises(TextTooLong, match="--max-queued-chars"):
+                s.speak("One more.")
+            s.speak("   ")  # blank text is not queued work
+            s.cancel()
+            await collect(s)  # the Cancelled event releases what was queued
+            after_cancel = s.queued_chars
+            s.speak("Hello there.")
+            s.end_utterance()
+            spoken = await collect(s)  # SegmentDone releases each segment's text
+            left = s.queued_chars
+            s.close()
+            return after_cancel, spoken, left
+
+    after_cancel, spoken, left = asyncio.run(main())
+    assert after_cancel == 0 and left == 0
+    assert spoken.done is not None and len(spoken.pcm) > 0
 
 
 def test_backpressure_stalls_then_closes_a_client_that_never_reads() -> None:
