@@ -26,7 +26,15 @@ from streaming.audio_out import validate_output_format
 from streaming.errors import ValueOutOfRange
 
 from .gateway import Gateway
-from .http_common import AudioStreamResponse, api_endpoint, collect, decode_object, is_msgpack, read_body
+from .http_common import (
+    AudioStreamResponse,
+    api_endpoint,
+    collect,
+    decode_object,
+    is_msgpack,
+    off_loop_if_large,
+    read_body,
+)
 from .params import HTTP_FORMATS, MAX_REFERENCES, check_bool, normalize_text, parse_tts_request
 from .synthesis import SynthesisJob, start_synthesis
 
@@ -40,10 +48,10 @@ MEMORY_CACHE_VALUES = ("on", "off")
 
 async def tts(request: Request, gw: Gateway) -> Response:
     started_s = time.monotonic()
-    req = dict(decode_object(request, await read_body(request, gw.settings.max_frame_bytes)))
+    body = await read_body(request, gw.settings.max_frame_bytes)
+    req = await off_loop_if_large(len(body), decode_tts_body, request, body)
     if req.get("format") is None:
         req["format"] = DEFAULT_FORMAT
-    req["references"] = decode_references(req.get("references"), base64_text=not is_msgpack(request))
     params = parse_tts_request(
         req, formats=HTTP_FORMATS, max_text_chars=gw.settings.max_text_chars, sampling=gw.sampling_defaults()
     )
@@ -79,6 +87,13 @@ async def health(request: Request, gw: Gateway) -> Response:
     """fish-speech's health check: ok once the engine is ready (`/healthz` and `/readyz` need no key)."""
     ready = gw.engine.ready and not gw.draining.is_set()
     return JSONResponse({"status": "ok" if ready else "not_ready"}, status_code=200 if ready else 503)
+
+
+def decode_tts_body(request: Request, body: bytes) -> dict[str, Any]:
+    """The request object with its references' audio as bytes (base64 text in JSON bodies)."""
+    req = dict(decode_object(request, body))
+    req["references"] = decode_references(req.get("references"), base64_text=not is_msgpack(request))
+    return req
 
 
 def decode_references(refs: Any, *, base64_text: bool) -> Any:

@@ -33,6 +33,7 @@ from streaming.session import (
 
 from . import live_protocol as proto
 from .gateway import Gateway
+from .http_common import off_loop_if_large
 from .params import TTSParams, normalize_text, parse_tts_request
 from .wire import (
     CLOSE_INTERNAL,
@@ -120,7 +121,10 @@ class LiveConnection:
                 self.encoding = proto.encoding_of_first_frame(message)
                 first = False
             try:
-                event = proto.decode_frame(message, self.encoding, self.gw.settings.max_frame_bytes)
+                size = len(message.get("bytes") or message.get("text") or "")
+                event = await off_loop_if_large(
+                    size, proto.decode_frame, message, self.encoding, self.gw.settings.max_frame_bytes
+                )
                 await self._handle(event)
             except proto.RecoverableError as e:
                 await self._send(proto.error(e.code, e.message))

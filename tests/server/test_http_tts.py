@@ -14,6 +14,7 @@ import msgpack
 import openai
 import pytest
 
+from server.http_common import OFF_LOOP_BYTES
 from streaming.segmenter import Segmenter, SegmenterConfig
 from streaming.synth import segment_text as split_text
 from tests.server.conftest import API_KEY, ServerHandle, start_server
@@ -106,7 +107,8 @@ def test_prosody_speed_scales_duration(server: ServerHandle) -> None:
 
 
 def test_inline_references_json_base64_and_msgpack_bytes(server: ServerHandle) -> None:
-    audio = clip(1.5)
+    audio = clip(12.0, rate_hz=48000)  # 1.15 MB: both bodies are over OFF_LOOP_BYTES (decoded on a worker thread)
+    assert len(audio) > OFF_LOOP_BYTES
     ref = {"audio": base64.b64encode(audio).decode(), "text": "A reference clip."}
     r = tts(server, text=SHORT, format="pcm", references=[ref], seed=6)
     assert r.status_code == 200, r.text

@@ -205,7 +205,7 @@ def test_reference_audio_that_is_not_audio_too_long_or_empty(server: ServerHandl
 
 
 def test_reference_audio_clones_a_voice(server: ServerHandle) -> None:
-    refs = [{"audio": wav_bytes(3.0), "text": "A reference sentence."}]
+    refs = [{"audio": wav_bytes(8.0), "text": "A reference sentence."}]  # a 1.4 MB frame: decoded off the loop
     r = run(speak(server.ws_url, [TEXT], references=refs, seed=11))
     assert r.events[-1]["reason"] == "stop" and len(r.audio) > 0
     assert run(speak(server.ws_url, [TEXT], references=refs, seed=11)).audio == r.audio  # seeded: reproducible
