@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streaming.audio_in import decode_audio_file
+from streaming.audio_in import ReferenceAudioError, decode_audio_file
 from streaming.errors import UnknownVoice, ValueOutOfRange
 from streaming.session import Voice
 
@@ -56,6 +56,20 @@ class ReferenceLimits:
         return ReferenceLimits(max_bytes, min_s, min(max_s, context_s))
 
 
+def _read_limited(path: Path, limits: ReferenceLimits) -> bytes:
+    """A reference file from disk, refused before reading when it is over the size limit."""
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise ReferenceAudioError(
+            "audio_too_large", f"{path.name} is {size} bytes; the limit is {limits.max_bytes} (--max-reference-bytes)"
+        )
+    return path.read_bytes()
+
+
+def _load_voice(folder: Path, meta: dict) -> Voice:
+    return Voice(tuple((r["text"], np.load(folder / r["codes"]).astype(np.int64)) for r in meta["references"]))
+
+
 class VoiceStore:
     def __init__(self, root: Path, encode: Encoder, limits: Callable[[], ReferenceLimits]) -> None:
         self.root = root
@@ -80,18 +94,19 @@ class VoiceStore:
         if voice_id == DEFAULT_VOICE:
             return Voice()
         folder = self.root / check_voice_id(voice_id)
-        lock = self._locks.setdefault(voice_id, asyncio.Lock())
-        async with lock:
-            meta = self._meta(folder)
-            if meta is None:
-                pairs = self._upstream_files(folder)
-                if not pairs:
-                    raise UnknownVoice(f"no voice {voice_id!r}; GET /v1/references lists the stored ones")
-                await self._encode_upstream_folder(folder, pairs)
-                meta = self._meta(folder)
-                assert meta is not None
-        refs = tuple((r["text"], np.load(folder / r["codes"]).astype(np.int64)) for r in meta["references"])
-        return Voice(refs)
+        meta = await asyncio.to_thread(self._meta, folder)  # file reads stay off the event loop
+        if meta is None:
+            pairs = await asyncio.to_thread(self._upstream_files, folder)
+            if not pairs:
+                raise UnknownVoice(f"no voice {voice_id!r}; GET /v1/references lists the stored ones")
+            # one encode per folder at a time; locks only for folders that exist (unknown ids must not grow this)
+            async with self._locks.setdefault(voice_id, asyncio.Lock()):
+                meta = await asyncio.to_thread(self._meta, folder)
+                if meta is None:
+                    await self._encode_upstream_folder(folder, pairs)
+                    meta = await asyncio.to_thread(self._meta, folder)
+                    assert meta is not None
+        return await asyncio.to_thread(_load_voice, folder, meta)
 
     # ---- writing --------------------------------------------------------------------------------------------------
     async def add(self, voice_id: str, text: str, audio: bytes) -> dict:
@@ -101,16 +116,20 @@ class VoiceStore:
         if not text.strip():
             raise ValueOutOfRange("text must be the transcript of the audio (non-empty)")
         codes, duration_s = await self.encode_inline(audio)
+        meta = {"references": [{"text": text, "codes": "codes_0.npy", "duration_s": round(duration_s, 3)}]}
+        await asyncio.to_thread(self._write, voice_id, codes, meta)
+        return {"id": voice_id, **_summary(meta)}
+
+    def _write(self, voice_id: str, codes: np.ndarray, meta: dict) -> None:
+        """Write the voice into a hidden folder, then swap it in under its id."""
         folder = self.root / voice_id
         tmp = self.root / f".{voice_id}.{time.monotonic_ns()}.partial"
         tmp.mkdir()
         np.save(tmp / "codes_0.npy", codes.astype(np.int16))
-        meta = {"references": [{"text": text, "codes": "codes_0.npy", "duration_s": round(duration_s, 3)}]}
         (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False))
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
-        return {"id": voice_id, **_summary(meta)}
 
     def delete(self, voice_id: str) -> None:
         folder = self.root / check_voice_id(voice_id)
@@ -171,7 +190,7 @@ class VoiceStore:
     async def _encode_upstream_folder(self, folder: Path, pairs: list[tuple[Path, Path]]) -> None:
         refs = []
         for k, (audio, lab) in enumerate(pairs):
-            codes, duration_s = await self.encode_inline(audio.read_bytes())
+            codes, duration_s = await self.encode_inline(await asyncio.to_thread(_read_limited, audio, self._limits()))
             np.save(folder / f"codes_{k}.npy", codes.astype(np.int16))
             text = lab.read_text(encoding="utf-8").strip()
             refs.append({"text": text, "codes": f"codes_{k}.npy", "duration_s": round(duration_s, 3)})

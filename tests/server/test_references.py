@@ -55,6 +55,15 @@ def test_upload_list_use_replace_delete(server: ServerHandle) -> None:
     assert_error(httpx.post(f"{base}/v1/tts", json={**body, "reference_id": "narrator"}), 404, "unknown_voice")
 
 
+def test_unknown_voice_ids_leave_nothing_behind(server: ServerHandle) -> None:
+    locks = server.gateway.voices._locks
+    before = len(locks)
+    for i in range(50):
+        body = {"text": "Hi.", "format": "pcm", "reference_id": f"nobody-{i}"}
+        assert_error(httpx.post(f"{server.base_url}/v1/tts", json=body), 404, "unknown_voice")
+    assert len(locks) == before  # a lock only for folders that exist: unknown ids cannot grow the server's memory
+
+
 def test_other_audio_containers_are_accepted(server: ServerHandle) -> None:
     r = upload(server, "flac-voice", clip(1.5, rate_hz=22050, fmt="FLAC"))
     assert r.status_code == 201, r.text
