@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 # and each Close follows an admitted open: the queue never holds more than twice this.
 COMMAND_QUEUE_SIZE = 4096
 WARM_UP_TEXT = "Hello world."
+# Reference encodes waiting for the engine's one encoder thread; more are refused (Overloaded) instead of queueing.
+MAX_PENDING_ENCODES = 16
 
 T = TypeVar("T")
 
@@ -62,6 +64,10 @@ class Engine:
         self.timings_s: dict[str, float] = {}
         self.fault: str | None = None
         self._commands: queue.Queue[object] = queue.Queue()  # bounded by _send (COMMAND_QUEUE_SIZE)
+        # encodes run one at a time on their own thread: waiting ones hold no thread of the default pool, which
+        # the server's audio encoding uses (six waiting uploads used to hold all of a 2-core machine's pool)
+        self._encoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fishgate-encode")
+        self._pending_encodes = 0
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -126,6 +132,7 @@ class Engine:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._encoder.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         if self.state is not EngineState.FAULTED:
@@ -197,7 +204,14 @@ class Engine:
             raise NotReady(f"the engine is {self.state.value}")
         worker = self._worker
         assert worker is not None
-        return await asyncio.to_thread(worker.b.encode_reference, audio, sample_rate_hz)
+        if self._pending_encodes >= MAX_PENDING_ENCODES:
+            raise Overloaded(f"{MAX_PENDING_ENCODES} reference encodes are already waiting; retry later")
+        self._pending_encodes += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._encoder, worker.b.encode_reference, audio, sample_rate_hz)
+        finally:
+            self._pending_encodes -= 1
 
     def gpu_memory_bytes(self) -> int:
         w = self._worker

@@ -309,6 +309,36 @@ def test_a_full_command_queue_refuses_work_but_never_a_close(monkeypatch) -> Non
     assert state == "ready" and all(o.done is not None and len(o.pcm) > 0 for o in outs)
 
 
+def test_reference_encodes_wait_on_their_own_thread_and_are_bounded() -> None:
+    """Encodes run one at a time on the engine's encoder thread; beyond MAX_PENDING_ENCODES waiting, Overloaded."""
+    t = np.arange(2 * 44100) / 44100
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+    async def main():
+        with running_engine() as engine:
+            n = engine_module.MAX_PENDING_ENCODES
+            threads: set[str] = set()
+            encode = engine._worker.b.encode_reference
+
+            def spy(*args):
+                threads.add(threading.current_thread().name)
+                return encode(*args)
+
+            engine._worker.b.encode_reference = spy
+            results = await asyncio.gather(
+                *(engine.encode_reference(audio, 44100) for _ in range(n + 2)), return_exceptions=True
+            )
+            again = await engine.encode_reference(audio, 44100)  # nothing is left counted as waiting
+            return results, threads, again
+
+    results, threads, again = asyncio.run(main())
+    codes = [r for r in results if isinstance(r, np.ndarray)]
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    assert len(codes) == engine_module.MAX_PENDING_ENCODES and len(refused) == 2
+    assert all(np.array_equal(c, codes[0]) for c in codes) and np.array_equal(again, codes[0])
+    assert len(threads) == 1 and next(iter(threads)).startswith("fishgate-encode")
+
+
 def test_text_waiting_to_be_spoken_is_capped_per_session() -> None:
     async def main():
         with running_engine() as engine:
