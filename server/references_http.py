@@ -65,7 +65,7 @@ async def add_reference(request: Request, gw: Gateway) -> Response:
         if not isinstance(audio, UploadFile):
             raise ValueOutOfRange("the form needs a file field 'audio' (WAV, FLAC, MP3 or Ogg speech, 1–60 s)")
         replace = str(form.get("replace", "false")).strip().lower() in TRUE_VALUES
-        if not replace and (gw.voices.root / voice_id).exists():
+        if not replace and await asyncio.to_thread(gw.voices.exists, voice_id):
             raise VoiceExists(
                 f"voice {voice_id!r} exists; DELETE /v1/references/{voice_id} first, or send replace=true"
             )

@@ -37,7 +37,7 @@ Encoder = Callable[[np.ndarray, int], Awaitable[np.ndarray]]
 
 
 def check_voice_id(voice_id: str) -> str:
-    if not isinstance(voice_id, str) or not VOICE_ID.match(voice_id) or ".." in voice_id:
+    if not isinstance(voice_id, str) or not VOICE_ID.fullmatch(voice_id) or ".." in voice_id:
         raise ValueOutOfRange(
             f"a voice id is 1–64 letters, digits, '_', '-' or '.', starting with a letter or digit (got {voice_id!r})"
         )
@@ -82,7 +82,7 @@ class VoiceStore:
     def list_voices(self) -> list[dict]:
         out = []
         for folder in sorted(self.root.iterdir()):
-            if folder.is_dir() and VOICE_ID.match(folder.name):
+            if VOICE_ID.fullmatch(folder.name) and self._is_own_folder(folder):
                 meta = self._meta(folder)
                 if meta is not None:
                     out.append({"id": folder.name, **_summary(meta)})
@@ -127,13 +127,15 @@ class VoiceStore:
         tmp.mkdir()
         np.save(tmp / "codes_0.npy", codes.astype(np.int16))
         (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False))
-        if folder.exists():
+        if folder.is_symlink():
+            folder.unlink()  # a link planted under this id is replaced, never followed
+        elif folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
 
     def delete(self, voice_id: str) -> None:
         folder = self.root / check_voice_id(voice_id)
-        if not folder.is_dir():
+        if not self._is_own_folder(folder):
             raise UnknownVoice(f"no voice {voice_id!r}")
         shutil.rmtree(folder)
 
@@ -171,19 +173,32 @@ class VoiceStore:
         return candidate
 
     # ---- internals ------------------------------------------------------------------------------------------------
+    def exists(self, voice_id: str) -> bool:
+        """A stored voice (or an upstream-layout folder) under this id; a planted link is none."""
+        return self._is_own_folder(self.root / check_voice_id(voice_id))
+
+    def _is_own_folder(self, folder: Path) -> bool:
+        """A real folder of the references directory: no symbolic link may lead a voice id outside it (reading
+        someone's files as a voice, or writing codes there)."""
+        return folder.is_dir() and not folder.is_symlink() and folder.resolve().parent == self.root.resolve()
+
+    @staticmethod
+    def _is_own_file(path: Path) -> bool:
+        return path.is_file() and not path.is_symlink()
+
     def _meta(self, folder: Path) -> dict | None:
         path = folder / META_FILE
-        if not path.is_file():
+        if not self._is_own_folder(folder) or not self._is_own_file(path):
             return None
         return json.loads(path.read_text(encoding="utf-8"))
 
     def _upstream_files(self, folder: Path) -> list[tuple[Path, Path]]:
-        if not folder.is_dir():
+        if not self._is_own_folder(folder):
             return []
         pairs = []
         for audio in sorted(folder.iterdir()):
             lab = audio.with_suffix(".lab")
-            if audio.suffix.lower() in AUDIO_SUFFIXES and lab.is_file():
+            if audio.suffix.lower() in AUDIO_SUFFIXES and self._is_own_file(audio) and self._is_own_file(lab):
                 pairs.append((audio, lab))
         return pairs
 

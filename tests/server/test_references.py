@@ -120,3 +120,31 @@ def test_delete_cannot_escape_the_directory(server: ServerHandle, tmp_path) -> N
         status, _ = raw_request("127.0.0.1", port, raw, {}, "DELETE")
         assert status in (400, 404, 405), (raw, status)
     assert (victim / "keep.txt").read_text() == "still here"
+
+
+def test_symbolic_links_never_lead_a_voice_outside_the_directory(server: ServerHandle, tmp_path) -> None:
+    root = server.settings.references_dir
+    assert root is not None
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "s.wav").write_bytes(clip(1.5))
+    (outside / "s.lab").write_text("A transcript that lives elsewhere.")
+    (root / "linked").symlink_to(outside, target_is_directory=True)  # a folder link
+    (root / "filelinks").mkdir()
+    (root / "filelinks" / "s.wav").symlink_to(outside / "s.wav")  # file links in a real folder
+    (root / "filelinks" / "s.lab").symlink_to(outside / "s.lab")
+    base = server.base_url
+    for voice_id in ("linked", "filelinks"):
+        body = {"text": "Hi.", "format": "pcm", "reference_id": voice_id}
+        assert_error(httpx.post(f"{base}/v1/tts", json=body), 404, "unknown_voice")
+    assert {"linked", "filelinks"}.isdisjoint(v["id"] for v in httpx.get(f"{base}/v1/references").json()["references"])
+    assert_error(httpx.delete(f"{base}/v1/references/linked"), 404, "unknown_voice")
+    assert sorted(p.name for p in outside.iterdir()) == ["s.lab", "s.wav"]  # nothing written there, nothing deleted
+    # an upload under a linked id replaces the link with a real folder, and writes nothing through it
+    assert upload(server, "linked", clip(1.5)).status_code == 201
+    assert not (root / "linked").is_symlink() and sorted(p.name for p in outside.iterdir()) == ["s.lab", "s.wav"]
+    httpx.delete(f"{base}/v1/references/linked")
+
+
+def test_a_voice_id_with_a_trailing_newline_is_refused(server: ServerHandle) -> None:
+    assert_error(upload(server, "nl\n", clip(1.5)), 400, "value_out_of_range")
