@@ -35,7 +35,14 @@ from .http_common import (
     off_loop_if_large,
     read_body,
 )
-from .params import HTTP_FORMATS, MAX_REFERENCES, check_bool, normalize_text, parse_tts_request
+from .params import (
+    HTTP_FORMATS,
+    MAX_REFERENCES,
+    check_bool,
+    check_reference_text,
+    normalize_text,
+    parse_tts_request,
+)
 from .synthesis import SynthesisJob, start_synthesis
 
 # fish-speech's /v1/tts answers WAV unless told otherwise (its live API defaults to mp3)
@@ -141,6 +148,7 @@ async def read_server_reference(gw: Gateway, raw: Any, text: Any) -> tuple[str, 
         raise ValueOutOfRange(
             "reference_audio needs its transcript: send reference_text, or put a same-name .lab file beside it"
         )
+    check_reference_text(text, "the reference transcript")
     return text, await asyncio.to_thread(path.read_bytes)
 
 

@@ -22,7 +22,7 @@ from streaming.audio_out import (
     OutputFormat,
 )
 from streaming.chunking import Latency
-from streaming.errors import ValueOutOfRange
+from streaming.errors import TextTooLong, ValueOutOfRange
 from streaming.sampling_defaults import FISH_SAMPLING, SAMPLING_RANGES, SamplingDefaults
 from streaming.segmenter import SegmenterConfig
 from streaming.session import SynthesisSettings
@@ -38,6 +38,9 @@ VOLUME_DB = (-20.0, 20.0)
 LIVE_FORMATS = ("pcm", "wav", "mp3", "opus")
 HTTP_FORMATS = ("pcm", "wav", "mp3", "opus", "flac")
 MAX_REFERENCES = 4
+# A reference transcript is what its audio says (at most 60 s of speech, ~1,000 characters); the cap keeps a huge
+# "transcript" from being tokenized on the engine thread only to fail the context check afterwards.
+MAX_REFERENCE_TEXT_CHARS = 2_000
 REFERENCE_SECONDS = (1.0, 60.0)  # per reference, and never more than the model's context allows
 SEED = (0, 2**62)
 MAX_AUDIO_S_PER_UTTERANCE = 600.0
@@ -181,5 +184,14 @@ def parse_references(refs: Any) -> tuple[ReferenceSpec, ...]:
         text = ref.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ValueOutOfRange(f"references[{i}].text must be the transcript of its audio (a non-empty string)")
+        check_reference_text(text, f"references[{i}].text")
         out.append(ReferenceSpec(bytes(ref["audio"]), text))
     return tuple(out)
+
+
+def check_reference_text(text: str, what: str) -> None:
+    if len(text) > MAX_REFERENCE_TEXT_CHARS:
+        raise TextTooLong(
+            f"{what} is {len(text)} characters; a reference transcript holds at most {MAX_REFERENCE_TEXT_CHARS} "
+            "(the words of a clip of at most 60 s)"
+        )

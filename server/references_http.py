@@ -19,6 +19,7 @@ from streaming.errors import RequestError, UnknownVoice, ValueOutOfRange
 
 from .gateway import Gateway
 from .http_common import InvalidBody, api_endpoint, read_body, replay_request
+from .params import check_reference_text
 from .voices import DEFAULT_VOICE, check_voice_id
 
 # form overhead allowed on top of the audio file (boundaries, part headers, id, transcript)
@@ -62,6 +63,7 @@ async def add_reference(request: Request, gw: Gateway) -> Response:
             raise ValueOutOfRange(f"the id {DEFAULT_VOICE!r} is reserved for the model's own voice; pick another")
         if not isinstance(text, str) or not text.strip():
             raise ValueOutOfRange("the form needs a text field 'text': the transcript of the audio (non-empty)")
+        check_reference_text(text, "text")
         if not isinstance(audio, UploadFile):
             raise ValueOutOfRange("the form needs a file field 'audio' (WAV, FLAC, MP3 or Ogg speech, 1–60 s)")
         replace = str(form.get("replace", "false")).strip().lower() in TRUE_VALUES

@@ -151,6 +151,8 @@ def test_reference_audio_outside_the_directory_is_refused(server: ServerHandle, 
     assert_error(tts(server, text=SHORT, reference_audio=["x"]), 400, "value_out_of_range", "reference_audio")
     (root / "nolab.wav").write_bytes(clip(1.5))
     assert_error(tts(server, text=SHORT, reference_audio="nolab.wav"), 400, None, "reference_text", ".lab")
+    huge = tts(server, text=SHORT, reference_audio="nolab.wav", reference_text="word " * 401)
+    assert_error(huge, 400, "text_too_long", "reference transcript is 2005 characters")
 
 
 @pytest.mark.parametrize(
@@ -184,6 +186,11 @@ def test_reference_audio_outside_the_directory_is_refused(server: ServerHandle, 
             ("longer than",),
         ),
         ({"text": SHORT, "references": [{"audio": "", "text": ""}]}, "value_out_of_range", ("transcript",)),
+        (
+            {"text": SHORT, "references": [{"audio": base64.b64encode(clip(1.5)).decode(), "text": "word " * 401}]},
+            "text_too_long",
+            ("references[0].text is 2005 characters", "2000"),
+        ),
     ],
 )
 def test_bad_requests_name_the_problem(server: ServerHandle, body, code, needles) -> None:

@@ -148,3 +148,7 @@ def test_symbolic_links_never_lead_a_voice_outside_the_directory(server: ServerH
 
 def test_a_voice_id_with_a_trailing_newline_is_refused(server: ServerHandle) -> None:
     assert_error(upload(server, "nl\n", clip(1.5)), 400, "value_out_of_range")
+
+
+def test_a_transcript_longer_than_any_clip_says_is_refused(server: ServerHandle) -> None:
+    assert_error(upload(server, "wordy", clip(1.5), text="word " * 401), 400, "text_too_long", "2000")
