@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
@@ -45,6 +46,20 @@ FIRST_FRAME_WAIT_S = 2.0
 
 def web_demo_dir() -> Path:
     return Path(str(resources.files("web_demo")))
+
+
+class _RedactApiKeys(logging.Filter):
+    """uvicorn logs each request's path with its query: a browser's `?api_key=` must not land in the access log."""
+
+    PATTERN = re.compile(r"(api_key=)[^&\s\"]*", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.PATTERN.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+REDACT_API_KEYS = _RedactApiKeys()
 
 
 def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
@@ -82,8 +97,7 @@ async def live_endpoint(websocket: WebSocket) -> None:
     conn = LiveConnection(websocket, gw)
     await websocket.accept()
     try:
-        gw.check_origin(websocket)
-        gw.check_auth(websocket)
+        gw.check_caller(websocket)
     except Exception as e:
         w = to_wire(e)
         gw.metrics.errors.labels(code=w.code).inc()
@@ -162,6 +176,8 @@ def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:
         allow_methods=["GET", "POST", "DELETE"],
         allow_headers=["authorization", "content-type", "model"],
     )
+    for name in ("uvicorn.access", "uvicorn.error"):  # the WebSocket handshake lines go to uvicorn.error
+        logging.getLogger(name).addFilter(REDACT_API_KEYS)  # once: addFilter skips a filter already there
     app = Starlette(routes=routes, middleware=[cors], lifespan=lifespan)
     app.state.gateway = gw
     return app

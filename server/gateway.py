@@ -29,12 +29,24 @@ FIRST_AUDIO_BUCKETS_S = (0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 
+def _client_ip(conn: HTTPConnection) -> str:
+    return conn.client.host if conn.client else "anonymous"
+
+
+def _is_loopback(host: str) -> bool:
+    return host in LOCAL_HOSTS or host.startswith("127.")
+
+
 class Unauthorized(FishgateError):
     code = "unauthorized"
 
 
 class Forbidden(FishgateError):
     code = "forbidden_origin"
+
+
+class ForbiddenHost(FishgateError):
+    code = "forbidden_host"
 
 
 class RateLimited(FishgateError):
@@ -116,28 +128,54 @@ class Gateway:
         if not keys:
             return
         given = self.api_key_of(conn)
+        if given is not None and any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
+            return
+        # failed attempts spend the caller's address's rate budget: key guessing is as slow as the rate limit
+        if not self.limiter.take(f"unauthorized {_client_ip(conn)}"):
+            raise RateLimited(f"more than {self.settings.rate_limit_per_min} refused requests per minute; slow down")
         if given is None:
             raise Unauthorized("this server needs an API key: send 'Authorization: Bearer <key>' (or ?api_key=)")
-        if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
-            raise Unauthorized("the API key is not valid for this server; check FISHGATE_API_KEY / --api-key")
+        raise Unauthorized("the API key is not valid for this server; check FISHGATE_API_KEY / --api-key")
+
+    def check_host(self, conn: HTTPConnection) -> None:
+        """A server bound to loopback answers only requests addressed to a loopback name: a web page that points its
+        own domain at 127.0.0.1 (DNS rebinding) would otherwise be same-origin with it."""
+        allowed = self.settings.allowed_hosts
+        if not _is_loopback(self.settings.host) or "*" in allowed:
+            return
+        host = urlsplit(f"//{conn.headers.get('host', '')}").hostname or ""
+        if not _is_loopback(host) and host not in allowed:
+            raise ForbiddenHost(
+                f"this server listens on {self.settings.host} and answers only requests addressed to localhost; "
+                "add the name to --allowed-hosts"
+            )
 
     def check_origin(self, conn: HTTPConnection) -> None:
-        """Browsers send Origin on WebSocket upgrades; allow same-origin, localhost and the allowlist."""
+        """Browsers send Origin on WebSocket upgrades and on cross-site requests; allow same-origin, localhost pages
+        and the allowlist. `null` (sandboxed frames, file pages) only when listed."""
         origin = conn.headers.get("origin")
-        if origin is None or (origin == "null" and not self.settings.allowed_origins):
+        if origin is None:
             return  # not a browser (SDKs, curl): the API key is the guard
         allowed = self.settings.allowed_origins
         if "*" in allowed or origin in allowed:
             return
         host = conn.headers.get("host", "")
         parts = urlsplit(origin)
-        if parts.netloc == host or parts.hostname in LOCAL_HOSTS:
+        if origin != "null" and (parts.netloc == host or parts.hostname in LOCAL_HOSTS):
             return
-        raise Forbidden(f"origin {origin} may not open sessions here; add it to --allowed-origins")
+        raise Forbidden(f"origin {origin} may not use this server; add it to --allowed-origins")
+
+    def check_caller(self, conn: HTTPConnection) -> None:
+        """What every /v1 request and WebSocket passes first: the host it was sent to, its origin, its API key."""
+        self.check_host(conn)
+        self.check_origin(conn)
+        self.check_auth(conn)
 
     def check_rate(self, conn: HTTPConnection) -> None:
-        key = self.api_key_of(conn) or (conn.client.host if conn.client else "anonymous")
-        if not self.limiter.take(key):
+        # by key only when keys are configured (check_auth has verified it); else an unchecked key would buy a
+        # fresh budget per request, so by address
+        key = self.api_key_of(conn) if self.settings.api_key else None
+        if not self.limiter.take(key or _client_ip(conn)):
             raise RateLimited(
                 f"more than {self.settings.rate_limit_per_min} requests per minute from this key; slow down"
             )

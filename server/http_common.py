@@ -67,12 +67,13 @@ def error_response(gw: Gateway, exc: BaseException) -> JSONResponse:
 
 
 def api_endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap a `/v1` handler: API key first, then the rate limit; every exception becomes a JSON error."""
+    """Wrap a `/v1` handler: host, origin and API key first, then the rate limit; every exception becomes a JSON
+    error."""
 
     async def endpoint(request: Request) -> Response:
         gw: Gateway = request.app.state.gateway
         try:
-            gw.check_auth(request)
+            gw.check_caller(request)
             gw.check_rate(request)
             return await handler(request, gw)
         except ClientDisconnect:

@@ -73,8 +73,14 @@ class Settings:
     )
     allowed_origins: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "browser origins allowed for WebSocket and CORS (comma-separated; '*' = any); "
-                  "same-origin and localhost pages are always allowed"},
+        metadata={"help": "browser origins allowed for WebSocket, CORS and /v1 requests (comma-separated; '*' = any; "
+                  "'null' only when listed); same-origin and localhost pages are always allowed"},
+    )  # fmt: skip
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "with --host on loopback, names besides localhost that requests may be addressed to (a "
+                  "reverse proxy's public name; comma-separated; '*' = any). Without them a page that points its own "
+                  "domain at 127.0.0.1 (DNS rebinding) could use the server"},
     )  # fmt: skip
     references_dir: Path | None = field(
         default=None, metadata={"help": "where stored voices live (default: ~/.cache/fishgate/references)"}
@@ -148,6 +154,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
             raise SystemExit(
                 f"fishgate: --{f.name.replace('_', '-')} got {raw!r}, which is not a valid {f.type}"
             ) from None
+        if f.name == "api_key" and not values[f.name]:  # a key that was meant to be set must not mean "open"
+            raise SystemExit(f"fishgate: --api-key / {ENV_PREFIX}API_KEY is set but holds no key; unset it to run open")
     settings = Settings(**values)  # type: ignore[arg-type]
     if settings.max_sessions < 1:
         raise SystemExit("fishgate: --max-sessions must be at least 1")

@@ -52,7 +52,7 @@ class ProtocolViolation(Exception):
 
 
 # gateway-level refusals (defined in server.gateway) by code → HTTP status
-GATEWAY_STATUS = {"unauthorized": 401, "forbidden_origin": 403, "rate_limited": 429}
+GATEWAY_STATUS = {"unauthorized": 401, "forbidden_origin": 403, "forbidden_host": 403, "rate_limited": 429}
 
 
 def to_wire(exc: BaseException) -> WireError:  # noqa: PLR0911 - one branch per family reads best

@@ -1,0 +1,105 @@
+"""What a browser page on another site, a DNS-rebinding page, a key guesser and a log reader can do (nothing),
+against real servers: origins on HTTP as well as WebSocket, `Origin: null`, the Host of a loopback-bound server,
+rate limits that an unchecked key cannot reset, failed keys that spend the rate budget, keys kept out of the log,
+and a key setting that holds no key."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import pytest
+
+from server.settings import parse_settings
+from tests.server.conftest import API_KEY, ServerHandle, start_server
+from tests.server.http_helpers import assert_error, clip
+from tests.server.live_client import LiveClient, LiveResult, open_live
+
+SHORT = "Hi there."
+
+
+def tts(base: str, headers: dict[str, str] | None = None, **body) -> httpx.Response:
+    return httpx.post(f"{base}/v1/tts", json={"text": SHORT, "format": "pcm", **body}, headers=headers, timeout=60)
+
+
+def refused_live(url: str, **kwargs) -> LiveResult:
+    async def main():
+        async with open_live(url, **kwargs) as ws:
+            return await LiveClient(ws).wait_closed(LiveResult())
+
+    return asyncio.run(main())
+
+
+def test_cross_site_http_requests_are_refused_not_only_hidden(server: ServerHandle) -> None:
+    base = server.base_url
+    evil = {"Origin": "https://evil.example"}
+    # a "simple" request a foreign page can send without a preflight: refused before anything is done
+    r = httpx.post(f"{base}/v1/tts", content=b'{"text": "hi"}', headers={**evil, "Content-Type": "text/plain"})
+    assert_error(r, 403, "forbidden_origin", "--allowed-origins")
+    files = {"audio": ("a.wav", clip(1.5), "audio/wav")}
+    r = httpx.post(f"{base}/v1/references", data={"id": "victim", "text": "t"}, files=files, headers=evil)
+    assert_error(r, 403, "forbidden_origin")
+    assert not (server.settings.references_dir / "victim").exists()
+    same_site = {"Origin": base}
+    assert tts(base, same_site).status_code == 200  # the demo page's own requests
+    assert tts(base, {"Origin": "http://localhost:5173"}).status_code == 200  # a local dev page
+
+
+def test_origin_null_is_refused_unless_listed(server: ServerHandle, tmp_path) -> None:
+    assert_error(tts(server.base_url, {"Origin": "null"}), 403, "forbidden_origin")
+    r = refused_live(server.ws_url, origin="null")
+    assert r.error_codes == ["forbidden_origin"] and r.close_code == 1008
+    with start_server(tmp_path, allowed_origins=("null",)) as srv:
+        assert tts(srv.base_url, {"Origin": "null"}).status_code == 200
+
+
+def test_a_loopback_server_answers_only_requests_addressed_to_localhost(server: ServerHandle, tmp_path) -> None:
+    rebound = {"Host": f"rebind.evil.example:{server.settings.port}"}
+    assert_error(tts(server.base_url, rebound), 403, "forbidden_host", "--allowed-hosts")
+    r = httpx.get(f"{server.base_url}/v1/references", headers=rebound)
+    assert_error(r, 403, "forbidden_host")  # a same-origin GET sends no Origin: the Host is the only tell
+    rebound_url = server.ws_url.replace("127.0.0.1", "rebind.evil.example")  # resolved to 127.0.0.1 below
+    r = refused_live(rebound_url, host="127.0.0.1", port=server.settings.port, origin=f"http://{rebound['Host']}")
+    assert r.error_codes == ["forbidden_host"] and r.close_code == 1008
+    assert tts(server.base_url, {"Host": f"localhost:{server.settings.port}"}).status_code == 200
+    with start_server(tmp_path, allowed_hosts=("tts.example.com",)) as srv:  # a reverse proxy's public name
+        assert tts(srv.base_url, {"Host": "tts.example.com"}).status_code == 200
+        assert_error(tts(srv.base_url, {"Host": "other.example.com"}), 403, "forbidden_host")
+
+
+def test_an_unchecked_key_buys_no_fresh_rate_budget(tmp_path) -> None:
+    with start_server(tmp_path, rate_limit_per_min=3) as srv:  # open: keys are not checked
+        codes = [
+            httpx.get(f"{srv.base_url}/v1/references", headers={"Authorization": f"Bearer k{i}"}).status_code
+            for i in range(6)
+        ]
+        assert codes[:3] == [200] * 3 and codes[3:] == [429] * 3
+
+
+def test_wrong_keys_spend_the_callers_rate_budget(tmp_path) -> None:
+    with start_server(tmp_path, api_key=(API_KEY,), rate_limit_per_min=3) as srv:
+        codes = [
+            httpx.get(f"{srv.base_url}/v1/references", headers={"Authorization": f"Bearer guess{i}"}).status_code
+            for i in range(5)
+        ]
+        assert codes == [401, 401, 401, 429, 429]  # guessing is as slow as the rate limit
+        good = httpx.get(f"{srv.base_url}/v1/references", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert good.status_code == 200  # the right key has its own budget
+
+
+def test_a_query_string_key_is_kept_out_of_the_log(secured_server: ServerHandle, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        assert httpx.get(f"{secured_server.base_url}/v1/references?api_key={API_KEY}").status_code == 200
+        refused_live(f"{secured_server.ws_url}?api_key={API_KEY}&x=1", origin="https://evil.example")
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("uvicorn")]
+    assert any("api_key=***" in m for m in logged), logged
+    assert not any(API_KEY in m for m in logged), logged
+
+
+@pytest.mark.parametrize("value", [",", " ", " , "])
+def test_a_key_setting_that_holds_no_key_is_refused(value: str) -> None:
+    with pytest.raises(SystemExit, match="holds no key"):
+        parse_settings(["--api-key", value])
+    with pytest.raises(SystemExit, match="holds no key"):
+        parse_settings([], {"FISHGATE_API_KEY": value})
