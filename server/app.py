@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from streaming.backend import BackendConfig
@@ -60,6 +61,32 @@ class _RedactApiKeys(logging.Filter):
 
 
 REDACT_API_KEYS = _RedactApiKeys()
+
+
+class SecurityHeaders:
+    """Every HTTP response says: no MIME sniffing, no framing by other sites (clickjacking the demo page), no
+    referrer (a page's URL may carry ?api_key=)."""
+
+    HEADERS = (
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"no-referrer"),
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
@@ -178,7 +205,7 @@ def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:
     )
     for name in ("uvicorn.access", "uvicorn.error"):  # the WebSocket handshake lines go to uvicorn.error
         logging.getLogger(name).addFilter(REDACT_API_KEYS)  # once: addFilter skips a filter already there
-    app = Starlette(routes=routes, middleware=[cors], lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=[cors, Middleware(SecurityHeaders)], lifespan=lifespan)
     app.state.gateway = gw
     return app
 

@@ -103,3 +103,11 @@ def test_a_key_setting_that_holds_no_key_is_refused(value: str) -> None:
         parse_settings(["--api-key", value])
     with pytest.raises(SystemExit, match="holds no key"):
         parse_settings([], {"FISHGATE_API_KEY": value})
+
+
+def test_every_http_response_forbids_sniffing_framing_and_referrers(server: ServerHandle) -> None:
+    for path in ("/", "/healthz", "/v1/references", "/no-such-page"):
+        h = httpx.get(server.base_url + path).headers
+        assert (h["x-content-type-options"], h["x-frame-options"], h["referrer-policy"]) == (
+            "nosniff", "DENY", "no-referrer",
+        ), path  # fmt: skip
