@@ -110,9 +110,8 @@ class LiveConnection:
         first = True
         while self.state is not LiveState.CLOSED and not self._sender_done():
             message = await self._receive_with_deadline()
-            if (
-                message is None
-            ):  # a deadline passed (segmenter idle cut, or a limit closed the socket), or the sender ended
+            # None: a deadline passed (segmenter idle cut, a limit closed the socket), or the sender ended
+            if message is None:
                 continue
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
