@@ -269,7 +269,12 @@ async def _synthesize(
 
     from .params import REFERENCE_SECONDS, normalize_text, parse_tts_request
 
-    engine = Engine(EngineConfig(BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1)))
+    engine = Engine(
+        EngineConfig(
+            BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1),
+            max_queued_chars=max(EngineConfig.max_queued_chars, len(args.text)),  # the whole text is queued at once
+        )
+    )
     engine.start()
     try:
         if not await asyncio.to_thread(engine.wait_ready):
