@@ -263,7 +263,7 @@ async def _synthesize(
     The request is parsed once the model is known: sampling values not given come from its defaults."""
     from streaming.audio_out import AudioOutput
     from streaming.backend import BackendConfig
-    from streaming.engine import Engine, EngineConfig
+    from streaming.engine import MAX_QUEUED_CHARS, Engine, EngineConfig
     from streaming.session import Voice
     from streaming.synth import reference_voice, synthesize
 
@@ -272,7 +272,7 @@ async def _synthesize(
     engine = Engine(
         EngineConfig(
             BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1),
-            max_queued_chars=max(EngineConfig.max_queued_chars, len(args.text)),  # the whole text is queued at once
+            max_queued_chars=max(MAX_QUEUED_CHARS, len(args.text)),  # the whole text is queued at once
         )
     )
     engine.start()

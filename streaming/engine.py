@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 # and each Close follows an admitted open: the queue never holds more than twice this.
 COMMAND_QUEUE_SIZE = 4096
 WARM_UP_TEXT = "Hello world."
+# Text one session may have waiting to be spoken (the server's --max-queued-chars)
+MAX_QUEUED_CHARS = 50_000
 # Reference encodes waiting for the engine's one encoder thread; more are refused (Overloaded) instead of queueing.
 MAX_PENDING_ENCODES = 16
 
@@ -51,7 +53,7 @@ class EngineConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     limits: WorkerLimits = field(default_factory=WorkerLimits)
     warm_up: bool = True
-    max_queued_chars: int = 50_000  # per session: text sent but not yet spoken (Session.speak refuses more)
+    max_queued_chars: int = MAX_QUEUED_CHARS  # per session: text sent but not yet spoken (Session.speak refuses more)
     # what builds the backend on the worker thread (bench/host_ceiling.py swaps in a timed stand-in for the GPU)
     backend_factory: Callable[[BackendConfig], Backend] = Backend
 
