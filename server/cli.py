@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streaming.engine import Engine
 
-EXIT_ENGINE_FAULT = 3
+EXIT_CONFIG_ERROR = 2  # the engine refused its configuration at start-up: a restart cannot help
+EXIT_ENGINE_FAULT = 3  # the engine faulted (e.g. a poisoned CUDA context): a supervisor should restart it
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -94,6 +95,9 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
     if not settings.api_key and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
     server.run()
+    if gateway.engine.config_error is not None:
+        log.critical("fishgate could not start: %s", gateway.engine.config_error)
+        return EXIT_CONFIG_ERROR
     if gateway.engine.fault is not None:
         log.critical("exiting with status %d: %s", EXIT_ENGINE_FAULT, gateway.engine.fault)
         return EXIT_ENGINE_FAULT

@@ -356,7 +356,7 @@ def _pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was requested but no CUDA device is available; use --device cpu")
+        raise ValueError("--device cuda was requested but no CUDA device is available; use --device cpu")
     return device
 
 

@@ -65,6 +65,9 @@ class Engine:
         self.info: ModelInfo | None = None
         self.timings_s: dict[str, float] = {}
         self.fault: str | None = None
+        # start-up refused by its configuration (a missing or malformed checkpoint, no such device): its message,
+        # for the operator; restarting cannot help
+        self.config_error: str | None = None
         self._commands: queue.Queue[object] = queue.Queue()  # bounded by _send (COMMAND_QUEUE_SIZE)
         # encodes run one at a time on their own thread: waiting ones hold no thread of the default pool, which
         # the server's audio encoding uses (six waiting uploads used to hold all of a 2-core machine's pool)
@@ -110,6 +113,8 @@ class Engine:
             )  # fmt: skip
             self.state = EngineState.READY
         except Exception as e:
+            if isinstance(e, ValueError | FileNotFoundError):  # CheckpointError is a ValueError
+                self.config_error = str(e)
             self._set_fault("start-up failed", e)
             return
         finally:

@@ -68,6 +68,22 @@ def test_convert_writes_safetensors_that_load_identically(tmp_path: Path, capsys
     assert main(["convert", str(tmp_path / "missing")]) == 2
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [(["--checkpoint", "/nonexistent/fish"], "/nonexistent/fish"), (["--device", "cuda"], "use --device cpu")],
+)
+def test_a_refused_configuration_exits_2_with_its_reason_last(tmp_path: Path, flags, needle) -> None:
+    """Not the device-fault status 3 a supervisor restarts on, and the fix on the last line, not above a traceback."""
+    if "cuda" in flags and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    env = {**os.environ, "FISHGATE_PORT": str(free_port()), "FISHGATE_REFERENCES_DIR": str(tmp_path / "refs")}
+    done = subprocess.run(
+        [*FISHGATE, "serve", *flags], check=False, env=env, capture_output=True, text=True, timeout=90
+    )
+    last = (done.stdout + done.stderr).strip().splitlines()[-1]
+    assert done.returncode == 2 and "could not start" in last and needle in last, last
+
+
 def test_serve_drains_on_sigterm(tmp_path: Path) -> None:
     """SIGTERM: readiness goes false at once, the running utterance finishes, then the process exits 0."""
     port = free_port()
