@@ -42,6 +42,7 @@ from .params import (
     check_reference_text,
     normalize_text,
     parse_tts_request,
+    require_field,
 )
 from .synthesis import SynthesisJob, start_synthesis
 
@@ -57,6 +58,7 @@ async def tts(request: Request, gw: Gateway) -> Response:
     started_s = time.monotonic()
     body = await read_body(request, gw.settings.max_frame_bytes)
     req = await off_loop_if_large(len(body), decode_tts_body, request, body)
+    require_field(req, "text", "the text to speak (OpenAI's /v1/audio/speech names it `input`)")
     if req.get("format") is None:
         req["format"] = DEFAULT_FORMAT
     params = parse_tts_request(

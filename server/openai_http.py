@@ -29,7 +29,16 @@ from streaming.session import Voice
 
 from .gateway import Gateway
 from .http_common import AudioStreamResponse, api_endpoint, decode_object, read_body
-from .params import OPENAI_SPEED, TTSParams, check_choice, check_range, check_text, normalize_text, parse_tts_request
+from .params import (
+    OPENAI_SPEED,
+    TTSParams,
+    check_choice,
+    check_range,
+    check_text,
+    normalize_text,
+    parse_tts_request,
+    require_field,
+)
 from .synthesis import Synthesis, SynthesisJob, start_synthesis
 from .voices import DEFAULT_VOICE
 from .wire import is_known, to_wire
@@ -61,6 +70,7 @@ def parse_speech_request(
     req: Mapping[str, Any], max_text_chars: int, sampling: SamplingDefaults = FISH_SAMPLING
 ) -> SpeechRequest:
     """Validate an OpenAI speech request; ranges come from `server.params`."""
+    require_field(req, "input", "the text to speak (fish-speech's /v1/tts names it `text`)")
     text = check_text("input", req.get("input"), min(MAX_INPUT_CHARS, max_text_chars))
     voice = _voice_id(req.get("voice"))
     fmt = check_choice("response_format", _or(req.get("response_format"), "mp3"), FORMATS)

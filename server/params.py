@@ -71,6 +71,13 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def require_field(req: Mapping[str, Any], name: str, hint: str) -> None:
+    """A field the request cannot do without; the message lists what was sent (a field of another API, a typo)."""
+    if req.get(name) is None:
+        sent = ", ".join(sorted(map(str, req))[:12]) or "none"
+        raise ValueOutOfRange(f"{name} is required: {hint} (the request's fields: {sent})")
+
+
 def check_text(name: str, value: Any, max_chars: int) -> str:
     if not isinstance(value, str):
         raise ValueOutOfRange(f"{name} must be a string (got {type(value).__name__})")

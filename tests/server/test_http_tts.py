@@ -159,6 +159,7 @@ def test_reference_audio_outside_the_directory_is_refused(server: ServerHandle, 
     ("body", "code", "needles"),
     [
         ({"text": 5}, "value_out_of_range", ("text must be a string",)),
+        ({"input": "Hello there."}, "value_out_of_range", ("text is required", "`input`", "fields: input")),
         ({"text": SHORT, "streaming": "yes"}, "value_out_of_range", ("streaming must be true or false",)),
         ({"text": SHORT, "seed": "1"}, "value_out_of_range", ("seed must be an integer",)),
         ({"text": SHORT, "seed": -1}, "value_out_of_range", ("seed",)),

@@ -125,7 +125,11 @@ def test_sdk_errors(client: openai.OpenAI) -> None:
     ("body", "code", "needles"),
     [
         ({"input": 5, "voice": "alloy"}, "value_out_of_range", ("input must be a string",)),
-        ({"voice": "alloy"}, "value_out_of_range", ("input must be a string",)),
+        (
+            {"voice": "alloy", "text": "Hi."},
+            "value_out_of_range",
+            ("input is required", "`text`", "model, text, voice"),
+        ),
         ({"input": "", "voice": "alloy"}, "value_out_of_range", ("nothing to speak",)),
         ({"input": "Hi.", "voice": 3}, "value_out_of_range", ("voice must be",)),
         ({"input": "Hi.", "voice": "../../etc/passwd"}, "value_out_of_range", ("voice id",)),
