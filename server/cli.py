@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import sys
 import time
@@ -207,7 +208,12 @@ def ttfa(args: argparse.Namespace) -> int:
 
     results = asyncio.run(probe.run_benchmark(levels, args.requests, config, texts, progress))
     print(format_table([summarize(c, rs) for c, rs in results.items()]))
-    for path in write_outputs(args.out, config, results, plots=not args.no_plots):
+    plots = not args.no_plots
+    if plots and importlib.util.find_spec("matplotlib") is None:
+        plots = False
+        print("plots skipped: they need matplotlib (pip install 'fishgate[ttfa]' in the same environment), or pass "
+              "--no-plots", file=sys.stderr)  # fmt: skip
+    for path in write_outputs(args.out, config, results, plots=plots):
         print(f"wrote {path}")
     return 1 if any(r.error for rs in results.values() for r in rs) else 0
 

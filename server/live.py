@@ -214,7 +214,9 @@ class LiveConnection:
             text = event.payload["text"]
             if len(text) > self.gw.settings.max_text_chars:
                 raise proto.RecoverableError(
-                    "text_too_long", f"a text event holds at most {self.gw.settings.max_text_chars} characters"
+                    "text_too_long",
+                    f"a text event holds at most {self.gw.settings.max_text_chars} characters (--max-text-chars); "
+                    "send it in parts",
                 )
             queued = self.session.queued_chars
             if queued + len(text) > self.session.max_queued_chars:  # checked whole here, so no part is queued
