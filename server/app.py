@@ -18,6 +18,7 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -61,6 +62,19 @@ class _RedactApiKeys(logging.Filter):
 
 
 REDACT_API_KEYS = _RedactApiKeys()
+
+
+class _CORS(CORSMiddleware):
+    """Starlette's CORS, with a refused preflight answered like every other refusal: JSON that names the fix."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        what = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        message = f"this cross-origin request is not allowed ({what}); add the page's origin to --allowed-origins"
+        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+        return JSONResponse({"error": {"code": "forbidden_origin", "message": message}}, 403, headers=headers)
 
 
 class SecurityHeaders:
@@ -198,7 +212,7 @@ def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:
         Mount("/", StaticFiles(directory=web_demo_dir(), html=True), name="web_demo"),
     ]
     cors = Middleware(
-        CORSMiddleware,
+        _CORS,
         allow_origins=list(settings.allowed_origins),
         allow_methods=["GET", "POST", "DELETE"],
         allow_headers=["authorization", "content-type", "model"],

@@ -111,3 +111,10 @@ def test_every_http_response_forbids_sniffing_framing_and_referrers(server: Serv
         assert (h["x-content-type-options"], h["x-frame-options"], h["referrer-policy"]) == (
             "nosniff", "DENY", "no-referrer",
         ), path  # fmt: skip
+
+
+def test_a_refused_preflight_names_the_fix(server: ServerHandle) -> None:
+    headers = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(f"{server.base_url}/v1/tts", headers=headers)
+    assert_error(r, 403, "forbidden_origin", "origin", "--allowed-origins")
+    assert "access-control-allow-origin" not in r.headers
