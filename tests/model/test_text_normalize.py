@@ -103,6 +103,7 @@ def test_money_and_time_helpers() -> None:
          "We had one million two hundred thirty-four thousand five hundred sixty-seven visitors."),
         ("Temperatures of -5°C and 98.6°F.",
          "Temperatures of minus five degrees Celsius and ninety-eight point six degrees Fahrenheit."),
+        ("The balance was -42 today, and -3.5 later.", "The balance was minus forty-two today, and minus three point five later."),
         ("Henry VIII and World War II, chapter IV.", "Henry the eighth and World War two, chapter four."),
         ("Rock & roll @ home: 2+2=4.", "Rock and roll at home: two plus two equals four."),
         ("\u201cHello,\u201d she said\u2014\u2026quietly.", "Hello, she said, quietly."),

@@ -203,6 +203,27 @@ def test_build_corpus_split_is_deterministic_disjoint_and_clean() -> None:
     assert stats.n_train == len(train)
 
 
+def test_a_training_passage_holding_a_held_out_sentence_is_dropped() -> None:
+    """The hold-out stays unseen: text from another source that quotes a held-out sentence never reaches training
+    (the disjointness check above holds on input where nothing overlaps; this input does)."""
+    passages = [" ".join(s) for s in zip(*[iter(_sentences(600, seed=1))] * 2, strict=True)]
+    config = CorpusConfig(n_test=40)
+    alpha = _source("alpha", passages)
+    first, first_stats = build_corpus([alpha], config=config, dictionary=DICTIONARY)
+    held = [i for i in first if i.split == "test"]
+    quoting = [f"Then she said: {h.text} And the long story went on for a while." for h in held[:3]]
+    items, stats = build_corpus(
+        [alpha, _source("beta", quoting, test_eligible=False)], config=config, dictionary=DICTIONARY
+    )
+    assert [i.id for i in items if i.split == "test"] == [h.id for h in held]  # the same hold-out
+    assert stats.dropped_overlap > first_stats.dropped_overlap
+    held_keys = [" ".join(re.findall(r"[a-z']+", h.norm.lower())) for h in held]
+    for item in items:
+        if item.split == "train":
+            key = " ".join(re.findall(r"[a-z']+", item.norm.lower()))
+            assert not any(h in key for h in held_keys), item.text
+
+
 def test_source_cap_keeps_a_stable_subset() -> None:
     passages = _sentences(300, seed=3)
     capped = [_source("gamma", passages, max_items=50)]

@@ -43,3 +43,6 @@ def test_corpus_wer_normalises_both_sides() -> None:
     )
     assert (errors, ref_words) == (1, 10)
     assert wer == 0.1
+    # the denominator is the reference's words, not the transcript's: 2 deletions of 4 words, 2 words heard
+    assert corpus_wer([("one two three four", "one two")]) == (0.5, 2, 4)
+    assert corpus_wer([("one two", "one two three four")]) == (1.0, 2, 2)  # 2 insertions of 2 words
