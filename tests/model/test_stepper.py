@@ -152,6 +152,7 @@ def test_idle_capture_skips_buckets_shorter_than_an_open_row() -> None:
     assert capturable_buckets(missing, [700, 0, 0, 0, 0]) == [(1, 1024), (2, 1024)]
     assert capturable_buckets(missing, [0, 0, 600, 0, 0]) == [(1, 512), (1, 1024), (2, 512), (2, 1024)]
     assert capturable_buckets(missing, [511, 0, 0, 0]) == missing  # position 511 is the last inside 512
+    assert capturable_buckets(missing, [512, 0, 0, 0]) == [(1, 1024), (2, 1024)]  # 512 itself is outside
     assert capturable_buckets(missing, [2000, 0]) == []
 
 
@@ -162,6 +163,12 @@ def test_batch_invariant_stepper_has_one_fixed_batch() -> None:
     stepper = DecodeStepper(model, n_rows=12, max_seq_len=64, max_batch=9, fixed_batch=True)
     assert stepper.batch_buckets == [9] and stepper.bucket_for(3, 5)[0] == 3
     assert DecodeStepper(model, n_rows=12, max_seq_len=64, max_batch=9).batch_buckets == [1, 2, 4, 8, 9]
+
+
+def test_a_position_equal_to_a_length_bucket_needs_the_next_bucket() -> None:
+    """A step writes K/V at each row's position and attends over [0, length): the length must exceed it."""
+    stepper = DecodeStepper(make_model("gqa_fast_project"), n_rows=4, max_seq_len=256, length_buckets=[64, 128])
+    assert [stepper.bucket_for(1, p)[1] for p in (0, 63, 64, 127, 128)] == [64, 64, 128, 128, 256]
 
 
 def test_first_frames_sampled_together_equal_one_at_a_time() -> None:

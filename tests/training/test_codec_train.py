@@ -151,3 +151,12 @@ def test_a_resume_file_that_does_not_exist_is_refused(tmp_path) -> None:
     missing = tmp_path / "nope.safetensors"
     with pytest.raises(SystemExit, match=r"--resume .*nope\.safetensors: no such file \(leave --resume out"):
         main(["train", "--shards", str(tmp_path / "s.npz"), "--out", str(tmp_path / "out"), "--resume", str(missing)])
+
+
+def test_the_held_out_tail_is_never_training_audio() -> None:
+    audio = InMemoryAudio(np.arange(10_000, dtype=np.float32))
+    train, held = audio.split(0.1)
+    assert train.shape[0] + held.shape[0] == 10_000 and held.shape[0] == 1_000
+    assert torch.equal(torch.cat([train, held]), audio.audio)  # a cut, in order: no sample on both sides
+    crops = AudioShard.crops(train, 64, 500, torch.Generator().manual_seed(0))
+    assert crops.max() < held.min()  # training crops come from before the held-out tail

@@ -67,10 +67,11 @@ def test_guided_loss_prefers_diagonal_attention() -> None:
     assert float(guided_loss(anti.unsqueeze(0), mask, weight)) > 0.5
 
 
-def test_recorded_head_scores_are_the_layers_own() -> None:
+@pytest.mark.parametrize("head", [0, 1, 2, 3])  # 4 query heads over 2 kv heads: each reads kv head head // 2
+def test_recorded_head_scores_are_the_layers_own(head: int) -> None:
     """softmax(recorded scores, causal) @ that head's values == the layer's output for that head (before wo)."""
     model = memorised_dual_ar().model
-    layer, head = 1, 3
+    layer = 1
     attention = model.layers[layer].attention
     recorder = HeadScores(model, layer, head)
     seen: list[torch.Tensor] = []
