@@ -235,3 +235,37 @@ def test_without_static_shapes_a_step_runs_exactly_the_rows_asked_for() -> None:
     model = make_model("gqa_fast_project")
     assert DecodeStepper(model, 8).bucket_for(5, 0)[0] == 5
     assert DecodeStepper(model, 8, compile_backend="eager").bucket_for(5, 0)[0] == 8
+
+
+def test_an_end_token_as_the_very_first_frame_stops_generation() -> None:
+    """Unlike upstream, generate() stops when frame 0 is <|im_end|> (model/generate.py): the greedy first token of a
+    free run, declared the end token, must end the next run after one frame."""
+    model = make_model("gqa_fast_project")
+    prompt = random_sequence(model, 9, seed=1)
+    greedy = SamplingTensors.fill(1, 0.0, 1.0, 1.0)
+    free = generate(model, prompt, 5, greedy, seeded_noise(1, "cpu"), IM_END + 10_000)
+    assert free.frames.shape[1] == 5 and not free.ended
+    first = int(free.frames[0, 0])
+    stopped = generate(model, prompt, 5, greedy, seeded_noise(1, "cpu"), first)
+    assert stopped.ended and stopped.frames.shape[1] == 1 and torch.equal(stopped.frames[:, 0], free.frames[:, 0])
+
+
+def test_a_second_segment_in_a_used_row_equals_a_fresh_generation() -> None:
+    """A row is reused for the next segment (and the next session): its repetition window, loop step and noise
+    counter start afresh, so the second segment's frames equal a fresh generate() of its prompt."""
+    model = make_model("gqa_fast_project")
+    model.set_batch_invariant(True)
+    sampling = RowSampling(0.7, 0.7, 1.5, seed=21)  # a strong penalty: a stale window would change the draws
+    first, second = random_sequence(model, 12, seed=5), random_sequence(model, 10, seed=6)
+    n_frames = 12
+    expected = reference(model, second, n_frames, sampling)
+    stepper = DecodeStepper(model, n_rows=2, max_seq_len=128)
+    for prompt in (first, second):
+        stepper.set_sampling(0, sampling)
+        stepper.set_noise_step(0, 0)
+        logits, hidden = stepper.prefill(0, prompt, 0)
+        frames = [stepper.start_segment(0, logits, hidden, prompt.shape[1]).cpu()]
+        for _ in range(n_frames - 1):
+            stepper.commit[:1] = True
+            frames.append(stepper.step(1, int(stepper.pos[0]))[0].cpu())
+    assert torch.equal(torch.stack(frames, 1), expected)
