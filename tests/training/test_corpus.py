@@ -6,6 +6,7 @@ skipped otherwise. No Piper, no Whisper.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import re
 import shutil
@@ -266,6 +267,34 @@ def test_real_fortunes_give_clean_items(tmp_path: Path) -> None:
 def test_fortune_definitions_lose_their_part_of_speech(tmp_path: Path) -> None:
     (tmp_path / "defs").write_text("Creditor, n.: A man who has a better memory than a debtor.\n%\n")
     assert list(corpus.read_fortunes(tmp_path)) == ["Creditor, A man who has a better memory than a debtor.", ""]
+
+
+def test_fortune_attributions_are_cut_everywhere(tmp_path: Path) -> None:
+    """The synthetic twin of test_real_fortunes_give_clean_items, which needs the Debian package."""
+    (tmp_path / "quotes").write_text(
+        "Wit is educated insolence.\n\t\t-- Aristotle\n%\n"
+        "A classic is something that everybody wants to have read.\n    - Mark Twain\n%\n"
+        "No attribution here.\n"
+    )
+    (tmp_path / "quotes.dat").write_text("index files are skipped")
+    assert [p.strip() for p in corpus.read_fortunes(tmp_path)] == [
+        "Wit is educated insolence.", "A classic is something that everybody wants to have read.",
+        "No attribution here.",
+    ]  # fmt: skip
+
+
+def test_devil_headwords_and_verse_are_cut(tmp_path: Path) -> None:
+    """The synthetic twin of test_real_devil_passages_lose_their_headwords, which needs the Debian package."""
+    path = tmp_path / "devil.dict.dz"
+    with gzip.open(path, "wt") as f:
+        f.write(
+            "preamble to skip\n\nABASEMENT, n.  A decent and customary mental attitude\nin the presence of wealth.\n\n"
+            "ABNORMAL, adj.  Not conforming to standard.\n    An indented verse line.\nAnd _emphasis_ kept.\n"
+        )
+    assert [p for p in corpus.read_devil(path) if p.strip()] == [
+        "A decent and customary mental attitude in the presence of wealth.",
+        "Not conforming to standard. And emphasis kept.",
+    ]
 
 
 def test_real_devil_passages_lose_their_headwords() -> None:
