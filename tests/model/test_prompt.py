@@ -154,6 +154,8 @@ def test_append_predicate_matches_fixture(fs):
         ([10] * 5, 45, [0, 1, 2, 3, 4]),  # window of 3 reaches back to item 2 → whole list
         ([10] * 7, 45, [0, 1, 4, 5, 6]),  # first pair + last 3
         ([10] * 7, 35, [0, 1, 6]),  # stop at 2 (even) → 1: first pair + newest segment
+        ([10] * 7, 40, [0, 1, 4, 5, 6]),  # exactly on the budget still fits (upstream's test is `>`)
+        ([10] * 7, 39, [0, 1, 6]),  # one token less and the same item is over
         ([10, 10, 30], 50, [0, 1, 0, 1, 2]),  # newest alone over budget: upstream's list[:2] + list[-0:]
     ],
 )

@@ -62,3 +62,12 @@ def test_default_voice_is_intelligible(gate) -> None:
     _, report, _ = gate
     assert report.wer <= INTELLIGIBLE_WER, [(s.reference, s.transcript) for s in report.scores]
     assert report.control_wer is not None and report.control_wer > 0.6  # reversed speech must not transcribe
+
+
+def test_the_verdict_levels_include_their_bounds() -> None:
+    """The issue's levels read 'pass ≤ 25 %, target ≤ 10 %': a WER exactly on a level reaches it."""
+    from training.wer import WER_PASS, WER_TARGET
+    from training.wer_gate import verdict
+
+    assert (WER_TARGET, WER_PASS) == (0.10, 0.25)
+    assert [verdict(w) for w in (0.0, 0.10, 0.1001, 0.25, 0.2501)] == ["target", "target", "pass", "pass", "fail"]
