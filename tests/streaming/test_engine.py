@@ -4,6 +4,7 @@ lifecycle (cancel, close, backpressure, failures) frees everything."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -19,7 +20,15 @@ from streaming import engine as engine_module
 from streaming.backend import Backend, BackendConfig, default_checkpoint
 from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded, TextTooLong
-from streaming.session import SessionError, SynthesisSettings, Voice
+from streaming.session import (
+    AudioChunk,
+    Cancelled,
+    SegmentDone,
+    SessionError,
+    SynthesisSettings,
+    UtteranceDone,
+    Voice,
+)
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
 from tests.streaming.engine_helpers import (
     NeverEnding,
@@ -545,3 +554,53 @@ def test_segments_ending_together_share_their_tail_vocoder_calls() -> None:
         assert utt.done is not None and utt.done.reason == "stop" and [s.frames for s in utt.segments] == [13]
         assert utt.chunk_samples == [4 * 2048, 4 * 2048, 4 * 2048, 2048]
         assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
+
+
+def test_an_utterance_stops_at_its_audio_cap() -> None:
+    """max_audio_s ends the utterance mid-segment (reason max_audio) and drops its later segments unspoken."""
+
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=4, max_new_tokens=400, max_audio_s=0.5))
+            s.speak("This first sentence is long enough to pass half a second of audio by far, surely.")
+            s.speak("A second segment that must never be spoken.")
+            s.end_utterance()
+            out = await collect(s)
+            s.close()
+            return out
+
+    out = asyncio.run(main())
+    cap_frames = -(-int(0.5 * 44100) // 2048)  # the first frame count whose audio reaches 0.5 s
+    assert out.done is not None and out.done.reason == "max_audio"
+    assert [(seg.ended_by, seg.frames) for seg in out.segments] == [("max_audio", cap_frames)]
+    assert len(out.pcm) == cap_frames * 2048
+
+
+def test_cancelling_an_ended_utterance_leaves_the_next_one_speaking() -> None:
+    """cancel(u) for an utterance whose generation is over must not abort the segment of the one now decoding."""
+
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=6, max_new_tokens=300))
+            s.speak("First.")
+            first = s.end_utterance()
+            s.speak("The second utterance is long enough to still be decoding when that cancel arrives.")
+            second = s.end_utterance()
+            events = []
+            while True:  # until the second utterance's first audio: the first one's generation is over
+                ev = await s.next_event()
+                events.append(ev)
+                if isinstance(ev, AudioChunk) and ev.utterance == second:
+                    break
+            s.cancel(first)
+            with contextlib.suppress(TimeoutError):  # an aborted segment would leave the utterance unfinished
+                while not (isinstance(events[-1], UtteranceDone) and events[-1].utterance == second):
+                    events.append(await asyncio.wait_for(s.next_event(), 30))
+            s.close()
+            return first, second, events
+
+    first, second, events = asyncio.run(main())
+    assert any(isinstance(e, Cancelled) and e.utterance == first for e in events)
+    done = [e for e in events if isinstance(e, SegmentDone) and e.utterance == second]
+    assert len(done) == 1 and done[0].ended_by in ("end_token", "max_new_tokens")  # not aborted
+    assert events[-1].reason == "stop"
