@@ -604,3 +604,23 @@ def test_cancelling_an_ended_utterance_leaves_the_next_one_speaking() -> None:
     done = [e for e in events if isinstance(e, SegmentDone) and e.utterance == second]
     assert len(done) == 1 and done[0].ended_by in ("end_token", "max_new_tokens")  # not aborted
     assert events[-1].reason == "stop"
+
+
+def test_after_a_cancel_the_next_utterance_starts_a_fresh_vocoder() -> None:
+    """A barge-in mid-segment leaves the vocoder's causal state mid-stream: the next utterance must start from a
+    reset state, so its streamed audio equals the offline decode of its own codes."""
+
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=8, max_new_tokens=300))
+            s.speak("This utterance is long enough to be cut off in the middle of a word by the cancel.")
+            await s.next_event()  # its audio has started
+            s.cancel()
+            await collect(s)
+            after = await speak(s, "And a short one after it.")
+            s.close()
+            return after
+
+    after = asyncio.run(main())
+    assert after.done is not None and len(after.pcm) == after.codes.shape[1] * 2048 > 0
+    assert np.abs(after.pcm - offline_decode(None, after.codes)).max() <= 1e-4
