@@ -218,14 +218,7 @@ class LiveConnection:
                     f"a text event holds at most {self.gw.settings.max_text_chars} characters (--max-text-chars); "
                     "send it in parts",
                 )
-            queued = self.session.queued_chars
-            if queued + len(text) > self.session.max_queued_chars:  # checked whole here, so no part is queued
-                raise proto.RecoverableError(
-                    "text_too_long",
-                    f"{queued} characters of this session are still waiting to be spoken and at most "
-                    f"{self.session.max_queued_chars} may wait (--max-queued-chars); send more once the audio "
-                    "catches up",
-                )
+            self.session.check_room(len(text))  # whole, before the segmenter splits it: no part of it is queued
             self._note_text()
             self._speak(self.segmenter.feed(normalize_text(text) if self.params.normalize else text, time.monotonic()))
         elif kind == "flush":

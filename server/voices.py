@@ -86,8 +86,8 @@ class VoiceStore:
                 meta = self._meta(folder)
                 if meta is not None:
                     out.append({"id": folder.name, **_summary(meta)})
-                elif self._upstream_files(folder):
-                    out.append({"id": folder.name, "references": len(self._upstream_files(folder)), "encoded": False})
+                elif pairs := self._upstream_files(folder):
+                    out.append({"id": folder.name, "references": len(pairs), "encoded": False})
         return out
 
     async def voice(self, voice_id: str) -> Voice:

@@ -132,16 +132,23 @@ class Session:
         """Queue text (one segment) for the current utterance; returns the utterance number. Text waiting to be
         spoken is capped at `max_queued_chars` (TextTooLong beyond: wait for the audio to catch up)."""
         self._check_open()
+        speakable = bool(text.strip())  # the worker ignores blank text: it is not queued work, no SegmentDone frees it
+        if speakable:
+            self.check_room(len(text))
+        self._send(Speak(self.id, self.utterance, text))
+        if speakable:
+            self._queued_chars[self.utterance] = self._queued_chars.get(self.utterance, 0) + len(text)
+        return self.utterance
+
+    def check_room(self, chars: int) -> None:
+        """TextTooLong unless `chars` more characters fit under `max_queued_chars` (a caller about to split text into
+        several speak() calls checks it whole first, so that no part of it is queued)."""
         queued = self.queued_chars
-        if text.strip() and queued + len(text) > self.max_queued_chars:
+        if queued + chars > self.max_queued_chars:
             raise TextTooLong(
                 f"{queued} characters of this session are still waiting to be spoken and at most "
                 f"{self.max_queued_chars} may wait (--max-queued-chars); send more once the audio catches up"
             )
-        self._send(Speak(self.id, self.utterance, text))
-        if text.strip():  # the worker ignores blank text: no SegmentDone will release it
-            self._queued_chars[self.utterance] = self._queued_chars.get(self.utterance, 0) + len(text)
-        return self.utterance
 
     @property
     def queued_chars(self) -> int:
