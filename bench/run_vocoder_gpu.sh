@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call: the GPU tests (compiled step and vocoder regions among them), then bench/vocoder_variants.py
-# (the graph-captured vocoder with and without torch.compile). Usage on the GPU machine, repo root, wheels in .whl
-# (bench/NOTES.md; carry [".whl"]):   FISHGATE_COMMIT=<sha> bash bench/run_vocoder_gpu.sh     (results under $OUT)
+# One device call: the vocoder's graph variants (bench/vocoder_variants.py: channels-last layout, torch.compile,
+# per-kernel profiles), the GPU tests, then how often a seeded stream's codes change under load
+# (bench/seed_divergence.py); STEP_VARIANTS=a,b also times decode-step variants (bench/step_variants.py). Usage on the GPU machine, repo root, wheels in .whl (bench/NOTES.md; carry [".whl"]):
+#   bash bench/run_vocoder_gpu.sh          (results under $OUT)
 # The end-to-end figure: SERVE_ARGS="--compile-vocoder on" bash bench/run_server_gpu.sh
 set -u
 OUT=${OUT:-/tmp/fishgate-vocoder-bench}
@@ -11,9 +12,22 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TO
 t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-stamp "gpu tests"
-timeout 240 python3 -m pytest tests/model/test_gpu.py tests/model/test_vocoder_stream.py tests/streaming/test_engine_gpu.py \
-  -m gpu -q -p no:cacheprovider 2>&1 | tail -8
 stamp "vocoder variants"
-timeout 300 python3 -m bench.vocoder_variants --out "$OUT/vocoder_variants.json" 2>&1 | tail -12
+timeout "${VOCODER_S:-300}" python3 -m bench.vocoder_variants --budget-s "$(( ${VOCODER_S:-300} - 40 ))" \
+  --variants "${VARIANTS:-graph,graph+cl,graph+compiled,graph+cl+compiled}" --out "$OUT/vocoder_variants.json" 2>&1 \
+  | grep -v "^{" | tail -60
+if [ -n "${STEP_VARIANTS:-}" ]; then  # e.g. STEP_VARIANTS=compiled,compiled_reduce: the decode step's what-ifs
+  stamp "step variants"
+  timeout "${STEP_S:-170}" python3 -m bench.step_variants --variants "$STEP_VARIANTS" --batches "${STEP_BATCHES:-1,8}" \
+    --compile-batches "${STEP_BATCHES:-1,8}" --budget-s "$(( ${STEP_S:-170} - 50 ))" --out "$OUT/step_variants.json" \
+    2>&1 | tail -30
+fi
+if [ -z "${SKIP_TESTS:-}" ]; then
+  stamp "gpu tests"
+  timeout "${TESTS_S:-170}" python3 -m pytest tests/model/test_gpu.py tests/model/test_vocoder_stream.py \
+    tests/streaming/test_engine_gpu.py -m gpu -q -p no:cacheprovider -x 2>&1 | tail -8
+fi
+stamp "seed divergence"
+timeout "${DIVERGENCE_S:-100}" python3 -m bench.seed_divergence --seeds "${SEEDS:-8}" --out "$OUT/seed_divergence.json" \
+  2>&1 | tail -6
 stamp "done"

@@ -4,6 +4,7 @@
 2. `fused_ffn` — + one GEMV for each layer's w1 and w3 (`DualARTransformer.fuse_feed_forward`, what the engine loads)
 3. `compiled`  — + torch.compile (inductor) of the step's regions: block, sampler, noise hash, heads
 4. `compiled_cd` — + inductor's coordinate-descent tuning of its Triton kernels (slow to compile)
+5. `compiled_reduce` — `compiled` with the cached attention as fp32 reductions inductor generates (a what-if)
 
 Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 3-4), frames against variant
 1 over 4 committed steps from the same state (sampling is chaotic: one flipped near-tie changes every later code, so
@@ -31,6 +32,7 @@ from bench.fullsize import FRAME_RATE_HZ, environment, event_ms, random_model, w
 from bench.profile_step import kernel_profile
 from model import compiled_regions
 from model.dual_ar import DualARTransformer
+from model.layers import Attention
 from model.stepper import DecodeStepper
 
 CHECK_STEPS = 4
@@ -42,6 +44,7 @@ class Variant:
     compiled: bool = False  # regions through inductor
     mode: str | None = None  # torch.compile mode
     coordinate_descent: bool = False  # inductor's coordinate-descent tuning of its Triton kernels
+    reduction_attention: bool = False  # the slow and fast stacks' cached attention as inductor reductions
 
 
 VARIANTS = {
@@ -49,11 +52,13 @@ VARIANTS = {
     "fused_ffn": Variant(),
     "compiled": Variant(compiled=True),
     "compiled_cd": Variant(compiled=True, coordinate_descent=True),
+    "compiled_reduce": Variant(compiled=True, reduction_attention=True),
     "compiled_autotune": Variant(compiled=True, mode="max-autotune-no-cudagraphs"),  # minutes of autotuning per shape
 }
 
 
 def apply(model: DualARTransformer, v: Variant) -> None:
+    Attention.decode_attention = "reduction" if v.reduction_attention else "sdpa"
     if v.fused:
         model.fuse_feed_forward()
     if v.compiled:

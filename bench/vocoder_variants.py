@@ -1,4 +1,5 @@
-"""The streaming vocoder with and without torch.compile inside its CUDA graphs (`--compile-vocoder`).
+"""The streaming vocoder's CUDA-graph variants: torch.compile inside the graphs (`--compile-vocoder`) and the
+channels-last layout (`StreamingDecoder(channels_last=True)`: activations, state and conv weights time-major).
 
 For each variant, a GraphedVocoder over the official codec config (bf16, random weights) — the serving path —
 captures one graph per (batch, frames) shape; the table gives the replay time, real-time factor, compile+capture
@@ -18,12 +19,14 @@ import time
 import torch
 
 from bench.fullsize import environment, event_ms, random_codec, wall_ms, write_json
+from bench.profile_step import kernel_profile
 from model import compiled_regions
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
-SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24))
-VARIANTS = ("graph", "graph+compiled")
+SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
+VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")
+PROFILE_SHAPES = ((1, 8), (64, 24))  # per-kernel profile of these graphs (GPU)
 
 
 def codes_for(b: int, f: int, rows: int, device: str) -> list[torch.Tensor]:
@@ -44,16 +47,22 @@ def reference(device: str, tiny: bool) -> dict[tuple[int, int], torch.Tensor]:
 
 
 @torch.inference_mode()
-def run_variant(variant: str, device: str, tiny: bool, ref: dict[tuple[int, int], torch.Tensor]) -> list[dict]:
+def run_variant(
+    variant: str, device: str, tiny: bool, ref: dict[tuple[int, int], torch.Tensor], deadline: float | None
+) -> list[dict]:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     codec = random_codec(device, dtype, tiny=tiny)
-    backend = "inductor" if variant == "graph+compiled" else None
+    backend = "inductor" if "compiled" in variant else None
+    channels_last = "+cl" in variant
     compiled_regions.reset()
     rows = []
     for b, f in SHAPES:
+        if deadline is not None and time.perf_counter() > deadline:
+            print(f"{variant}: out of time before {b}×{f}", flush=True)
+            break
         chunks = codes_for(b, f, codec.config.rows, device)
         slots = torch.arange(b, device=device)
-        dec = StreamingDecoder(codec, max_slots=2 * b)
+        dec = StreamingDecoder(codec, max_slots=2 * b, channels_last=channels_last)
         t0 = time.perf_counter()
         if device == "cuda":
             graphed = GraphedVocoder(dec, b, [b], compile_backend=backend)
@@ -61,9 +70,13 @@ def run_variant(variant: str, device: str, tiny: bool, ref: dict[tuple[int, int]
             torch.cuda.synchronize()
             prepare_s = time.perf_counter() - t0
             ms = event_ms(lambda g=graphed, c=chunks[0], s=slots: g.decode(c, s), iters=20 if b <= 8 else 10)
+            profile = None
+            if (b, f) in PROFILE_SHAPES:
+                profile = kernel_profile(lambda g=graphed, c=chunks[0], s=slots: g.decode(c, s), top=12)
             dec.reset(slots)
             audio = torch.cat([graphed.decode(c, slots).clone() for c in chunks], -1)
         else:
+            profile = None
             with compiled_regions.compiled(backend):
                 dec.decode(chunks[0], slots)
                 prepare_s = time.perf_counter() - t0
@@ -77,8 +90,9 @@ def run_variant(variant: str, device: str, tiny: bool, ref: dict[tuple[int, int]
             "x_realtime": round(audio_s / (ms / 1e3), 1), "compile_capture_s": round(prepare_s, 1),
             "rel_err_vs_fp32": float((audio.float() - expected).norm() / expected.norm()),
             "max_abs_vs_fp32": float((audio.float() - expected).abs().max()),
+            "profile": profile,
         }  # fmt: skip
-        print(row, flush=True)
+        print({k: v for k, v in row.items() if k != "profile"}, flush=True)
         rows.append(row)
     row_failed = compiled_regions.failed_regions()
     if row_failed:
@@ -90,15 +104,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--tiny", action="store_true", help="the tiny codec config (CPU smoke test)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--budget-s", type=float, default=None, help="skip the shapes left after this many seconds")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    deadline = time.perf_counter() + args.budget_s if args.budget_s else None
     ref = reference(device, args.tiny)
-    rows = [r for v in VARIANTS for r in run_variant(v, device, args.tiny, ref)]
-    print(f"\n{'variant':<16}{'batch×frames':>13}{'ms':>9}{'× real time':>13}{'compile s':>11}{'rel err':>10}")
+    rows = []
+    for v in args.variants.split(","):
+        rows += run_variant(v, device, args.tiny, ref, deadline)
+        write_json(args.out, {"environment": environment(), "device": device, "rows": rows})
+    for r in rows:
+        if r["profile"]:
+            p = r["profile"]
+            print(f"\n{r['variant']} {r['batch']}×{r['frames']}: {p['kernels']} kernels, {p['kernel_us_total']:.0f} µs")
+            for k in p["top"]:
+                print(f"  {k['us']:>9.1f} µs {k['count']:>5} × {k['name'][:80]}")
+    print(f"\n{'variant':<20}{'batch×frames':>13}{'ms':>9}{'× real time':>13}{'compile s':>11}{'rel err':>10}")
     for r in rows:
         shape = f"{r['batch']}×{r['frames']}"
         print(
-            f"{r['variant']:<16}{shape:>13}{r['ms']:>9.3f}{r['x_realtime']:>13.1f}"
+            f"{r['variant']:<20}{shape:>13}{r['ms']:>9.3f}{r['x_realtime']:>13.1f}"
             f"{r['compile_capture_s']:>11.1f}{r['rel_err_vs_fp32']:>10.2e}"
         )
     write_json(args.out, {"environment": environment(), "device": device, "rows": rows})

@@ -20,6 +20,19 @@ CONVNEXT_NORM_EPS = 1e-6
 CONVNEXT_MLP_RATIO = 4
 
 
+def is_time_minor(x: torch.Tensor) -> bool:
+    """True when (B, C, T) is stored channels-last (time-major memory, channel stride 1): the layout in which cuDNN
+    runs bf16 convolutions on tensor cores without transposing. A streaming decoder may keep this layout end to end."""
+    return x.ndim == 3 and x.shape[1] > 1 and x.stride(1) == 1
+
+
+def cat_time(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`cat([a, b], dim=-1)` for (B, C, T) tensors that keeps a channels-last layout (plain cat returns NCL)."""
+    if is_time_minor(b):
+        return torch.cat([a.transpose(1, 2), b.transpose(1, 2)], dim=1).transpose(1, 2)
+    return torch.cat([a, b], dim=-1)
+
+
 class LeftContext(Protocol):
     """Supplies a stateful layer's previous inputs and records its newest ones (implemented by vocoder_stream)."""
 

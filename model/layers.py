@@ -75,8 +75,24 @@ def invariant_attention(
     return torch.softmax(scores, dim=-1) @ values
 
 
+def reduction_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Softmax attention written as broadcast products and sums in fp32, for inductor to turn into reductions
+    spread over the whole GPU (cuDNN's SDPA runs one CTA per kv head for a single decode row). Only inside a
+    compiled region: run eagerly it would materialise (B, H, Q, L, hd). q (B, H, Q, hd), keys/values (B, H, L, hd)."""
+    scores = (q.float().unsqueeze(3) * keys.float().unsqueeze(2)).sum(-1) * (q.shape[-1] ** -0.5)  # (B, H, Q, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return (probs.unsqueeze(-1) * values.float().unsqueeze(2)).sum(-2).to(q.dtype)  # (B, H, Q, hd)
+
+
 class Attention(nn.Module):
     batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
+    # what-if (bench/step_variants.py): "reduction" = cached decode attention by reduction_attention inside
+    # compiled regions; "sdpa" everywhere otherwise
+    decode_attention = "sdpa"
 
     def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool) -> None:
         super().__init__()
@@ -125,6 +141,8 @@ class Attention(nn.Module):
         if self.batch_invariant or x.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes
             y = invariant_attention(q, keys, values, attn_mask)
+        elif self.decode_attention == "reduction" and k_cache is not None and torch.compiler.is_compiling():
+            y = reduction_attention(q, keys, values, attn_mask)
         else:
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, Hkv, G·T, hd)
         y = y.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2).reshape(bsz, seqlen, self.dim)

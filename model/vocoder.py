@@ -16,7 +16,7 @@ from torch import nn
 
 from .codec_config import CodecConfig, HeadConfig, QuantizerConfig
 from .codec_encoder import ConvNeXtEncoder, EncodeTrace, build_downsample, run_encoder
-from .codec_layers import CausalConv1d, CausalConvTranspose1d, CausalLayer, ConvNeXtBlock, LeftContext
+from .codec_layers import CausalConv1d, CausalConvTranspose1d, CausalLayer, ConvNeXtBlock, LeftContext, is_time_minor
 from .fsq import GroupedResidualFSQ
 from .mel import LogMelSpectrogram
 
@@ -47,7 +47,10 @@ class ParallelBlock(nn.Module):
         self.blocks = nn.ModuleList(ResBlock1(channels, k, d) for k, d in zip(kernel_sizes, dilations, strict=True))
 
     def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:
-        return torch.stack([block(x, ctx) for block in self.blocks], dim=0).mean(dim=0)
+        outs = [block(x, ctx) for block in self.blocks]
+        if is_time_minor(x):  # the same mean over (B, T, C) views, so the result keeps the channels-last layout
+            return torch.stack([o.transpose(1, 2) for o in outs], dim=0).mean(dim=0).transpose(1, 2)
+        return torch.stack(outs, dim=0).mean(dim=0)
 
 
 class HiFiGANHead(nn.Module):
@@ -149,11 +152,24 @@ class FireflyCodec(nn.Module):
         """Codes (B, rows, T) → HiFiGAN input (B, num_mels, T·downsample) at the mel rate (upstream z_upsampled)."""
         return self.quantizer.upsample_features(self.fsq_decode(codes), ctx)
 
-    def decode_with_context(self, codes: torch.Tensor, ctx: LeftContext | None) -> torch.Tensor:
-        """Codes (B, rows, T) → audio (B, T·samples_per_frame); `ctx` carries streaming state (None = fresh)."""
+    def decode_with_context(
+        self, codes: torch.Tensor, ctx: LeftContext | None, channels_last: bool = False
+    ) -> torch.Tensor:
+        """Codes (B, rows, T) → audio (B, T·samples_per_frame); `ctx` carries streaming state (None = fresh).
+
+        `channels_last` stores every activation time-major (channel stride 1) from the FSQ output on; with a
+        context the layers keep that layout (see `StreamingDecoder(channels_last=True)`). Same values."""
         if codes.ndim != 3:
             raise ValueError(f"codes must be (batch, rows, frames), got shape {tuple(codes.shape)}")
-        return self.head(self.upsampled_features(codes, ctx), ctx)[:, 0]
+        z = self.fsq_decode(codes)
+        if channels_last:
+            z = z.transpose(1, 2).contiguous().transpose(1, 2)
+        return self.head(self.quantizer.upsample_features(z, ctx), ctx)[:, 0]
+
+    def decode_path_convs(self) -> list[nn.Conv1d | nn.ConvTranspose1d]:
+        """The convolutions codes → audio runs through (quantizer.upsample and the head), in module order."""
+        mods = [*self.quantizer.upsample.modules(), *self.head.modules()]
+        return [m for m in mods if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)]
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, frame_lengths: torch.Tensor | None = None) -> torch.Tensor:

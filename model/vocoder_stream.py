@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .codec_layers import cat_time
 from .compiled_regions import region
 from .vocoder import FireflyCodec
 
@@ -19,15 +20,20 @@ from .vocoder import FireflyCodec
 class _SlotContext:
     """LeftContext for one call: slices of the gathered state rows in, newest layer inputs out."""
 
-    def __init__(self, layout: dict[int, tuple[int, int, int]], prev: torch.Tensor) -> None:
+    def __init__(self, layout: dict[int, tuple[int, int, int]], prev: torch.Tensor, channels_last: bool) -> None:
         self._layout = layout
         self._prev = prev  # (B, state_numel)
+        self._channels_last = channels_last  # each layer's history stored (W, C) instead of (C, W)
         self._new: dict[int, torch.Tensor] = {}
 
     def extend(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         offset, channels, width = self._layout[id(layer)]
-        prev = self._prev[:, offset : offset + channels * width].view(-1, channels, width)  # (B, C, W)
-        xin = torch.cat([prev, x], dim=-1)  # (B, C, W + T)
+        rows = self._prev[:, offset : offset + channels * width]
+        if self._channels_last:
+            prev = rows.view(-1, width, channels).transpose(1, 2)  # (B, C, W), channel stride 1
+        else:
+            prev = rows.view(-1, channels, width)  # (B, C, W)
+        xin = cat_time(prev, x)  # (B, C, W + T), in x's layout
         self._new[id(layer)] = xin[..., -width:]
         return xin
 
@@ -37,6 +43,8 @@ class _SlotContext:
         if missing:
             raise RuntimeError(f"{len(missing)} causal layers were not run in this decode call")
         bsz = self._prev.shape[0]
+        if self._channels_last:
+            return torch.cat([self._new[k].transpose(1, 2).reshape(bsz, -1) for k in self._layout], dim=1)
         return torch.cat([self._new[k].reshape(bsz, -1) for k in self._layout], dim=1)
 
 
@@ -47,6 +55,10 @@ class StreamingDecoder:
     previous chunks exactly; `reset(slots)` starts those slots afresh (zero history = a new utterance). Slots in one
     call must be distinct. State lives on the codec's device in its dtype (run without autocast). The decoder is
     bound to this codec object: its layers are found by identity, so build a new decoder for a copied codec.
+
+    `channels_last=True` keeps every activation and the carried state time-major (channel stride 1) and stores the
+    decode-path conv weights of `codec` that way too (in place; values unchanged), the layout in which cuDNN runs
+    bf16 convolutions on tensor cores. The audio equals the default layout's to float rounding.
     """
 
     def __init__(
@@ -55,6 +67,7 @@ class StreamingDecoder:
         max_slots: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        channels_last: bool = False,
     ) -> None:
         if max_slots < 1:
             raise ValueError(f"max_slots must be at least 1, got {max_slots}")
@@ -69,6 +82,10 @@ class StreamingDecoder:
                 f"{weight.dtype}); load the codec with that device and dtype"
             )
         self.codec = codec
+        self.channels_last = channels_last
+        if channels_last:  # weights stored (out, k, in) in memory, values unchanged: cuDNN's NHWC kernels read them
+            for conv in codec.decode_path_convs():
+                conv.weight.data = conv.weight.data.transpose(1, 2).contiguous().transpose(1, 2)
         self.max_slots = max_slots
         self.samples_per_frame = codec.config.samples_per_frame
         self._layout: dict[int, tuple[int, int, int]] = {}
@@ -104,7 +121,7 @@ def _decode_chunk(decoder: StreamingDecoder, codes: torch.Tensor, slots: torch.T
     rows back. A compiled region: inside `compiled(backend)` (model.compiled_regions) it runs through torch.compile,
     once per (B, F) shape."""
     prev = decoder.state.index_select(0, slots)  # (B, state_numel)
-    ctx = _SlotContext(decoder._layout, prev)
-    audio = decoder.codec.decode_with_context(codes, ctx)  # (B, F·spf)
+    ctx = _SlotContext(decoder._layout, prev, decoder.channels_last)
+    audio = decoder.codec.decode_with_context(codes, ctx, decoder.channels_last)  # (B, F·spf)
     decoder.state.index_copy_(0, slots, ctx.new_state())
     return audio

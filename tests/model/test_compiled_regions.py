@@ -124,3 +124,20 @@ def test_top_p_cumsum_reaches_the_compiler_as_the_opaque_op() -> None:
         got = sample(logits, window, *params, q)
     assert torch.equal(got, expected)
     assert graphs and "cumsum_last_dim" in graphs[0] and "torch.cumsum" not in graphs[0]
+
+
+def test_reduction_attention_equals_plain_attention_eager_and_compiled() -> None:
+    """The what-if decode attention (fp32 products and sums for inductor) against the plain softmax attention, with
+    a ragged mask and without one, eagerly and through inductor; and the model uses it only while compiling."""
+    from model.layers import Attention, invariant_attention, reduction_attention
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, 2, 8, 64, generator=g), torch.randn(3, 2, 50, 64, generator=g),
+               torch.randn(3, 2, 50, 64, generator=g))  # fmt: skip
+    mask = torch.arange(50)[None, None, None, :] <= torch.tensor([3, 20, 49])[:, None, None, None]
+    compiled = torch.compile(reduction_attention, backend="inductor")
+    for m in (mask.expand(3, 1, 8, 50), None):
+        ref = invariant_attention(q, k, v, m)
+        assert (reduction_attention(q, k, v, m) - ref).abs().max() <= 1e-5
+        assert (compiled(q, k, v, m) - ref).abs().max() <= 1e-5
+    assert Attention.decode_attention == "sdpa"  # the shipped default; only bench/step_variants.py flips it

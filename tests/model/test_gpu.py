@@ -125,6 +125,30 @@ def test_streaming_vocoder_graph_equals_eager_official_bf16() -> None:
     assert (g - e).abs().max() <= 2e-3
 
 
+@torch.inference_mode()
+def test_channels_last_vocoder_graphs_equal_the_default_layout_official() -> None:
+    """The channels-last streaming decoder (time-major activations, state and weights) replayed through
+    GraphedVocoder against the default layout's graphs: fp32 to float rounding, bf16 within bf16 rounding
+    (cuDNN's NHWC kernels sum in another order); three chunks, so the carried state is compared too."""
+    from model.vocoder_graphs import GraphedVocoder
+
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        torch.backends.cudnn.allow_tf32 = False
+        codec = random_codec("cuda", dtype)
+        fast_codec = copy.deepcopy(codec)
+        rows = codec.config.rows
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        chunks = [torch.randint(0, 1000, (3, rows, 8), generator=gen, device="cuda") for _ in range(3)]
+        slots = torch.tensor([2, 0, 1], device="cuda")
+        plain = GraphedVocoder(StreamingDecoder(codec, max_slots=8), 4, [4])
+        fast = GraphedVocoder(StreamingDecoder(fast_codec, max_slots=8, channels_last=True), 4, [4])
+        a = torch.cat([plain.decode(c, slots).clone() for c in chunks], -1).float()
+        b = torch.cat([fast.decode(c, slots).clone() for c in chunks], -1).float()
+        assert a.abs().max() > 1e-3
+        assert (a - b).abs().max() <= tol * a.abs().max(), dtype
+        torch.backends.cudnn.allow_tf32 = True
+
+
 @torch.no_grad()
 def test_batched_prefill_on_gpu_matches_row_by_row() -> None:
     """The engine's GPU prefill path (prefill_many: one SDPA pass over right-padded prompts) against one prefill per

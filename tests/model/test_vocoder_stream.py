@@ -187,3 +187,32 @@ def test_graphed_vocoder_compiled_equals_plain_graphs():
     assert compiled_regions.failed_regions() == []
     assert _max_diff(outs[1], outs[0]) <= 1e-5
     assert _max_diff(outs[0], codec.decode(codes)) <= 1e-5
+
+
+@pytest.mark.parametrize("fs", params(firefly_sets()))
+def test_channels_last_decoder_equals_the_default_layout_and_keeps_its_layout(fs):
+    """The GPU fast path (`channels_last=True`: activations, state and conv weights time-major) against the default
+    layout: same audio chunk by chunk over a seam-crossing schedule and after a reset, and every decode-path conv
+    really receives a channel-stride-1 input (else cuDNN would transpose and the layout would buy nothing)."""
+    codec = fixture_codec(fs.path)
+    fast_codec = copy.deepcopy(codec)
+    plain, fast = StreamingDecoder(codec, max_slots=3), StreamingDecoder(fast_codec, max_slots=3, channels_last=True)
+    codes = fs.tensors()["codes_long"][..., :24].repeat(2, 1, 1)
+    codes[1] = codes[1].flip(-1)
+    slots = torch.tensor([2, 0])
+    for round_ in range(2):
+        start = 0
+        for f in [1, 3, 8, 5, 7]:
+            a = plain.decode(codes[..., start : start + f], slots)
+            b = fast.decode(codes[..., start : start + f], slots)
+            assert _max_diff(a, b) <= 1e-5, (round_, start)
+            start += f
+        plain.reset(slots)
+        fast.reset(slots)
+    # the layers call F.conv1d themselves, so their own forward (not nn.Conv1d's) sees the input
+    seen: list[bool] = []
+    for layer in fast_codec.causal_layers():
+        layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].stride(1) == 1 or args[0].shape[1] == 1))
+    fast.decode(codes[..., :4], slots)
+    assert len(seen) == len(fast_codec.causal_layers()) and all(seen)
+    assert all(c.weight.stride(1) == 1 for c in fast_codec.decode_path_convs() if c.weight.shape[1] > 1)
