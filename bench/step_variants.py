@@ -4,7 +4,8 @@
 2. `fused_ffn` — + one GEMV for each layer's w1 and w3 (`DualARTransformer.fuse_feed_forward`, what the engine loads)
 3. `compiled`  — + torch.compile (inductor) of the step's regions: block, sampler, noise hash, heads
 4. `compiled_cd` — + inductor's coordinate-descent tuning of its Triton kernels (slow to compile)
-5. `compiled_reduce` — `compiled` with the cached attention as fp32 reductions inductor generates (a what-if)
+5. `compiled_reduce` — `compiled` with the cached attention as fp32 reductions inductor generates at every batch
+   (`compiled` does so at batch 1 only, `compiled_sdpa` never)
 
 Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 3-4), frames against variant
 1 over 4 committed steps from the same state (sampling is chaotic: one flipped near-tie changes every later code, so
@@ -45,12 +46,14 @@ class Variant:
     mode: str | None = None  # torch.compile mode
     coordinate_descent: bool = False  # inductor's coordinate-descent tuning of its Triton kernels
     reduction_attention: bool = False  # the slow and fast stacks' cached attention as inductor reductions
+    decode_attention: str = "auto"  # otherwise: the model's rule (reductions at batch 1), or "sdpa"
 
 
 VARIANTS = {
     "eager": Variant(fused=False),
     "fused_ffn": Variant(),
     "compiled": Variant(compiled=True),
+    "compiled_sdpa": Variant(compiled=True, decode_attention="sdpa"),  # run 12's code: SDPA at every batch
     "compiled_cd": Variant(compiled=True, coordinate_descent=True),
     "compiled_reduce": Variant(compiled=True, reduction_attention=True),
     "compiled_autotune": Variant(compiled=True, mode="max-autotune-no-cudagraphs"),  # minutes of autotuning per shape
@@ -58,7 +61,7 @@ VARIANTS = {
 
 
 def apply(model: DualARTransformer, v: Variant) -> None:
-    Attention.decode_attention = "reduction" if v.reduction_attention else "sdpa"
+    Attention.decode_attention = "reduction" if v.reduction_attention else v.decode_attention
     if v.fused:
         model.fuse_feed_forward()
     if v.compiled:

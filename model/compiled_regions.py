@@ -18,7 +18,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import torch
 
@@ -41,6 +41,7 @@ class _State(threading.local):
 _state = _State()
 _compiled: dict[tuple[Callable[..., Any], Backend], Callable[..., Any]] = {}
 _failed: set[tuple[Callable[..., Any], tuple[Any, ...]]] = set()  # (region, call signature) pairs that failed
+_dynamic_regions: set[Callable[..., Any]] = set()  # regions declared with dynamic dims
 _lock = threading.Lock()
 _options: dict[str, str | None] = {"mode": None}  # torch.compile mode for regions compiled from now on
 
@@ -60,14 +61,27 @@ def active_backend() -> Backend | None:
     return _state.backend
 
 
-def region(fn: F) -> F:
-    """Mark `fn` as a compiled region (static shapes, whole graph; see the module docstring)."""
+@overload
+def region(fn: F) -> F: ...
+@overload
+def region(*, dynamic_dims: dict[int, tuple[int, ...]]) -> Callable[[F], F]: ...
+def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | None = None) -> Any:
+    """Mark `fn` as a compiled region (whole graph; see the module docstring). Shapes are static, except that
+    `dynamic_dims` = {positional argument: dims} compiles those dims symbolically, so one compilation serves every
+    size of them (dynamo still specialises sizes 0 and 1): `@region(dynamic_dims={1: (0, 2)})`."""
+    if fn is None:
+        return functools.partial(region, dynamic_dims=dynamic_dims)
+    if dynamic_dims:
+        _dynamic_regions.add(fn)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         backend = _state.backend
         if backend is None:
             return fn(*args, **kwargs)
+        for index, dims in (dynamic_dims or {}).items():
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(args[index], dim)
         if _failed and (fn, _signature(args, kwargs)) in _failed:  # the signature only once something failed
             return fn(*args, **kwargs)
         try:
@@ -82,7 +96,7 @@ def region(fn: F) -> F:
             )  # fmt: skip
             return fn(*args, **kwargs)
 
-    return call  # type: ignore[return-value]
+    return call
 
 
 def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
@@ -95,7 +109,8 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
             # inductor warns at every split softmax reduction (the 102,048-token vocabulary): noise in a server log
             warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", category=UserWarning)
-            out = torch.compile(fn, backend=backend, mode=_options["mode"], fullgraph=True, dynamic=False)
+            dynamic = None if fn in _dynamic_regions else False  # None: the dims marked dynamic, the rest static
+            out = torch.compile(fn, backend=backend, mode=_options["mode"], fullgraph=True, dynamic=dynamic)
             _compiled[(fn, backend)] = out
         return out
 

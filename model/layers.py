@@ -90,9 +90,10 @@ def reduction_attention(
 
 class Attention(nn.Module):
     batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
-    # what-if (bench/step_variants.py): "reduction" = cached decode attention by reduction_attention inside
-    # compiled regions; "sdpa" everywhere otherwise
-    decode_attention = "sdpa"
+    # Cached single-token attention inside compiled regions: "auto" = reduction_attention for one row (run 13 on
+    # the H200: batch-1 step 3.83 → 3.27 ms; at batch 8 it was slower, 4.56 → 5.81 ms, so SDPA there), "reduction"
+    # = for every batch (bench/step_variants.py's what-if), "sdpa" = never. Eager paths always use SDPA.
+    decode_attention = "auto"
 
     def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool) -> None:
         super().__init__()
@@ -141,12 +142,17 @@ class Attention(nn.Module):
         if self.batch_invariant or x.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes
             y = invariant_attention(q, keys, values, attn_mask)
-        elif self.decode_attention == "reduction" and k_cache is not None and torch.compiler.is_compiling():
+        elif self._by_reduction(bsz, seqlen, k_cache is not None):
             y = reduction_attention(q, keys, values, attn_mask)
         else:
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, Hkv, G·T, hd)
         y = y.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2).reshape(bsz, seqlen, self.dim)
         return self.wo(y)
+
+    def _by_reduction(self, bsz: int, seqlen: int, cached: bool) -> bool:
+        if not cached or seqlen != 1 or not torch.compiler.is_compiling():
+            return False
+        return self.decode_attention == "reduction" or (self.decode_attention == "auto" and bsz == 1)
 
 
 class FeedForward(nn.Module):

@@ -93,6 +93,10 @@ class BackendConfig:
     # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
     # CUDA graphs only; the CPU decodes eagerly). Off until measured on the H200 (bench/vocoder_variants.py).
     compile_vocoder: bool = False
+    # the streaming vocoder's activations, carried state and conv weights stored channels-last (time-major), the
+    # layout cuDNN's bf16 tensor-core convs read without transposes; None = with compile_vocoder (eager, PyTorch's
+    # strided elementwise kernels make the layout slower: run 13, 64 × 24 frames 79 → 273 ms)
+    vocoder_channels_last: bool | None = None
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -181,8 +185,11 @@ class Backend:
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)
+        channels_last = self.compile_vocoder if config.vocoder_channels_last is None else config.vocoder_channels_last
         self.vocoder = StreamingDecoder(
-            self.codec, max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0)
+            self.codec,
+            max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
+            channels_last=channels_last and self.device.type == "cuda",
         )
         self.vocoder_graphs = None
         if graphs:

@@ -250,6 +250,9 @@ class Engine:
         }
 
 
+VOCODER_WARM_BATCHES = (2, 16)  # batch sizes a compiled vocoder is warmed at besides 1 (see _warm_up)
+
+
 def _warm_up(worker: Worker) -> None:
     """Push one short utterance through prefill, decode and every vocoder chunk size on the worker thread."""
     from .backend import RowSampling
@@ -268,8 +271,15 @@ def _warm_up(worker: Worker) -> None:
     for _ in range(4):
         b.step(len(commit), commit, tokens.shape[1] + 4)
     nc = b.info.num_codebooks
-    for size in all_chunk_sizes():
-        b.vocode([0], [np.zeros((nc, size), dtype=np.int64)])
-    b.reset_vocoder(0)
+    # one row; with a compiled vocoder also 2 and 16 rows: its region is compiled with a symbolic batch, but torch
+    # specialises batch 1 and its conv shape rules split 2-15 from 16 and more (model.vocoder_stream), each
+    # variant ~35 s cold on an H200, so all of them happen before ready rather than inside the first requests
+    sizes = [1] + ([n for n in VOCODER_WARM_BATCHES if n <= b.vocoder_batch] if b.compile_vocoder else [])
+    slot_sets = [list(range(n)) for n in sizes]
+    for slots in slot_sets:
+        for size in all_chunk_sizes():
+            b.vocode(slots, [np.zeros((nc, size), dtype=np.int64)] * len(slots))
+    for slot in {s for slots in slot_sets for s in slots}:
+        b.reset_vocoder(slot)
     for row in rows:
         b.stepper.pos[row] = 0

@@ -140,4 +140,24 @@ def test_reduction_attention_equals_plain_attention_eager_and_compiled() -> None
         ref = invariant_attention(q, k, v, m)
         assert (reduction_attention(q, k, v, m) - ref).abs().max() <= 1e-5
         assert (compiled(q, k, v, m) - ref).abs().max() <= 1e-5
-    assert Attention.decode_attention == "sdpa"  # the shipped default; only bench/step_variants.py flips it
+    assert Attention.decode_attention == "auto"  # the shipped rule: reductions for one row while compiling
+
+
+def test_decode_attention_rule_picks_reductions_for_one_row_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "auto": one cached row while compiling (H200: batch-1 step 3.83 → 3.27 ms); SDPA for more rows (slower
+    there), for prompts (seqlen > 1), without a cache and whenever nothing compiles; "sdpa" never, "reduction" always."""
+    from model.layers import Attention
+
+    attn = Attention(64, 4, 2, qkv_bias=False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert attn._by_reduction(1, 1, cached=True)
+    assert not attn._by_reduction(2, 1, cached=True)
+    assert not attn._by_reduction(1, 7, cached=True)
+    assert not attn._by_reduction(1, 1, cached=False)
+    monkeypatch.setattr(attn, "decode_attention", "reduction")
+    assert attn._by_reduction(8, 1, cached=True)
+    monkeypatch.setattr(attn, "decode_attention", "sdpa")
+    assert not attn._by_reduction(1, 1, cached=True)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(attn, "decode_attention", "auto")
+    assert not attn._by_reduction(1, 1, cached=True)
