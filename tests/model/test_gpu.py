@@ -126,14 +126,14 @@ def test_streaming_vocoder_graph_equals_eager_official_bf16() -> None:
 
 
 @torch.inference_mode()
-def test_channels_last_vocoder_graphs_equal_the_default_layout_official() -> None:
+def test_channels_last_vocoder_graphs_equal_the_default_layout_official(monkeypatch: pytest.MonkeyPatch) -> None:
     """The channels-last streaming decoder (time-major activations, state and weights) replayed through
     GraphedVocoder against the default layout's graphs: fp32 to float rounding, bf16 within bf16 rounding
     (cuDNN's NHWC kernels sum in another order); three chunks, so the carried state is compared too."""
     from model.vocoder_graphs import GraphedVocoder
 
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # fp32 at 1e-4: no TF32 convs
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-        torch.backends.cudnn.allow_tf32 = False
         codec = random_codec("cuda", dtype)
         fast_codec = copy.deepcopy(codec)
         rows = codec.config.rows
@@ -146,7 +146,6 @@ def test_channels_last_vocoder_graphs_equal_the_default_layout_official() -> Non
         b = torch.cat([fast.decode(c, slots).clone() for c in chunks], -1).float()
         assert a.abs().max() > 1e-3
         assert (a - b).abs().max() <= tol * a.abs().max(), dtype
-        torch.backends.cudnn.allow_tf32 = True
 
 
 @torch.no_grad()
