@@ -90,9 +90,10 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
             if not _is_compile_error(e):
                 raise
             _failed.add((fn, _signature(args, kwargs)))
+            first_line = (str(e).strip().splitlines() or [""])[0][:300]
             log.warning(
-                "compiling %s failed (%s); it runs eagerly for these shapes from now on", fn.__qualname__,
-                type(e).__name__,
+                "compiling %s failed (%s: %s); it runs eagerly for these shapes from now on", fn.__qualname__,
+                type(e).__name__, first_line,
             )  # fmt: skip
             return fn(*args, **kwargs)
 
