@@ -61,7 +61,8 @@ class Settings:
     compile_vocoder: str = field(
         default="off",
         metadata={"help": "on | off: torch.compile the streaming vocoder's chunk decode before its CUDA graphs are "
-                  "captured (GPU only; not yet measured on the H200, so off by default)"},
+                  "captured (GPU only; experimental: H200 run 13, 1x8-frame chunk 2.65 -> 2.16 ms, 938 -> 1,079x real "
+                  "time batched, but minutes of compile before ready on an empty --compile-cache-dir)"},
     )  # fmt: skip
     compile_cache_dir: Path | None = field(
         default=None,

@@ -91,12 +91,16 @@ class BackendConfig:
     # so a restart skips code generation.
     compile_max_batch: int | None = 0
     # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
-    # CUDA graphs only; the CPU decodes eagerly). Off until measured on the H200 (bench/vocoder_variants.py).
+    # CUDA graphs only; the CPU decodes eagerly). Off: run 13 on the H200, batch and frames symbolic (the only way
+    # the engine's 42 graph shapes share compilations), 1 × 8 frames 2.65 → 2.16 ms and 938 → 1,079× real time at
+    # 256 × 24, for ~70-80 s of cold compile per specialisation (1, 2-15, 16+ rows × 1, 2+ frames) before ready; its
+    # two GPU tests failed there (text not captured). Static shapes reached 1.88 ms and 1,575× but cost ~35 s a shape.
     compile_vocoder: bool = False
     # the streaming vocoder's activations, carried state and conv weights stored channels-last (time-major), the
-    # layout cuDNN's bf16 tensor-core convs read without transposes; None = with compile_vocoder (eager, PyTorch's
-    # strided elementwise kernels make the layout slower: run 13, 64 × 24 frames 79 → 273 ms)
-    vocoder_channels_last: bool | None = None
+    # layout cuDNN's bf16 tensor-core convs read without transposes (GPU only). Off: run 13 measured it eager at
+    # 64 × 24 frames 79 → 273 ms (cuDNN's grouped NHWC depthwise kernel, replaced since) and compiled only at 1 × 8
+    # (2.16 → 1.71 ms); the batched figure is not measured yet (bench/vocoder_variants.py "graph+cl+compiled")
+    vocoder_channels_last: bool = False
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -185,11 +189,10 @@ class Backend:
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)
-        channels_last = self.compile_vocoder if config.vocoder_channels_last is None else config.vocoder_channels_last
         self.vocoder = StreamingDecoder(
             self.codec,
             max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
-            channels_last=channels_last and self.device.type == "cuda",
+            channels_last=config.vocoder_channels_last and self.device.type == "cuda",
         )
         self.vocoder_graphs = None
         if graphs:
