@@ -17,7 +17,7 @@ stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ -z "${SKIP_TESTS:-}" ]; then
   stamp "gpu tests"
-  timeout 150 python3 -m pytest tests/model/test_gpu.py tests/streaming/test_engine_gpu.py -q -s -p no:cacheprovider 2>&1 | tail -8
+  timeout 150 python3 -m pytest tests/model/test_gpu.py tests/streaming/test_engine_gpu.py -q -s -p no:cacheprovider -rf --tb=short 2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
 fi
 stamp "checkpoint"
 python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs

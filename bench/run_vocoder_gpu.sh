@@ -25,7 +25,7 @@ fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   stamp "gpu tests"
   timeout "${TESTS_S:-170}" python3 -m pytest tests/model/test_gpu.py tests/model/test_vocoder_stream.py \
-    tests/streaming/test_engine_gpu.py -m gpu -q -p no:cacheprovider -x 2>&1 | tail -8
+    tests/streaming/test_engine_gpu.py -m gpu -q -p no:cacheprovider -rf --tb=short 2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
 fi
 stamp "seed divergence"
 timeout "${DIVERGENCE_S:-100}" python3 -m bench.seed_divergence --seeds "${SEEDS:-8}" --out "$OUT/seed_divergence.json" \
