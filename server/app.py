@@ -33,6 +33,7 @@ from streaming.engine import Engine, EngineConfig, EngineState
 
 from . import http_api
 from . import live_protocol as proto
+from .connection_cap import ConnectionCap
 from .gateway import Gateway
 from .live import LiveConnection
 from .params import REFERENCE_SECONDS
@@ -219,7 +220,8 @@ def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:
     )
     for name in ("uvicorn.access", "uvicorn.error"):  # the WebSocket handshake lines go to uvicorn.error
         logging.getLogger(name).addFilter(REDACT_API_KEYS)  # once: addFilter skips a filter already there
-    app = Starlette(routes=routes, middleware=[cors, Middleware(SecurityHeaders)], lifespan=lifespan)
+    middleware = [cors, Middleware(SecurityHeaders), Middleware(ConnectionCap, gateway=gw)]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gw
     return app
 

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streaming.engine import Engine
 
+    from .settings import Settings
+
 EXIT_CONFIG_ERROR = 2  # the engine refused its configuration at start-up: a restart cannot help
 EXIT_ENGINE_FAULT = 3  # the engine faulted (e.g. a poisoned CUDA context): a supervisor should restart it
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -66,8 +68,6 @@ def _configure_logging(level: str) -> None:
 
 def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
     """`fishgate serve`; `engine` replaces the one the settings describe (bench/host_ceiling.py)."""
-    import uvicorn
-
     from .app import build_gateway, create_app
     from .settings import settings_from
 
@@ -79,17 +79,7 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        ws="websockets-sansio",
-        ws_max_size=settings.max_frame_bytes,
-        log_config=None,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
-    server = _DrainingServer(config, gateway)
+    server = _DrainingServer(uvicorn_config(settings, app), gateway)
     gateway.on_fault = server.stop_now
     log = logging.getLogger("fishgate")
     log.info("fishgate serving on http://%s:%d (demo page at /, API under /v1)", settings.host, settings.port)
@@ -148,6 +138,27 @@ class _DrainingServer:
         while time.monotonic() < deadline and gw.engine.open_sessions > 0:
             await asyncio.sleep(0.1)
         self.server.should_exit = True
+
+
+def uvicorn_config(settings: Settings, app: Any) -> Any:
+    """The ASGI server's settings for `app` (also what the tests' real servers run): WebSocket frame cap, uvicorn's
+    connection limit as a backstop above the app's own cap (server.connection_cap), no logging config of its own,
+    a bounded graceful shutdown."""
+    import uvicorn
+
+    from .connection_cap import UVICORN_BACKSTOP_EXTRA
+
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        ws_max_size=settings.max_frame_bytes,
+        limit_concurrency=settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
 
 
 def convert(args: argparse.Namespace) -> int:

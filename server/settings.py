@@ -93,6 +93,12 @@ class Settings:
                   "gets a text_too_long error event and the session goes on. At least --max-text-chars"},
     )  # fmt: skip
     max_frame_bytes: int = field(default=32 * 2**20, metadata={"help": "largest WebSocket frame (bigger: close 1009)"})
+    max_connections: int | None = field(
+        default=None,
+        metadata={"help": "open connections (HTTP and WebSocket together) the server holds at once; beyond it new "
+                  "requests get 503 before any work. Default: 2 x --max-sessions + 256",
+                  "shown_default": "auto"},
+    )  # fmt: skip
     max_reference_bytes: int = field(default=10 * 2**20, metadata={"help": "largest reference audio file"})
     idle_timeout_s: float = field(default=120.0, metadata={"help": "close a WebSocket silent for this long"})
     max_session_s: float = field(default=3600.0, metadata={"help": "wall-time cap of one WebSocket session"})
@@ -104,6 +110,13 @@ class Settings:
     @property
     def resolved_references_dir(self) -> Path:
         return self.references_dir or Path.home() / ".cache" / "fishgate" / "references"
+
+    @property
+    def resolved_max_connections(self) -> int:
+        """--max-connections, else room for every session twice over plus health checks, metrics and HTTP calls."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return 2 * self.max_sessions + 256
 
     @property
     def resolved_compile_cache_dir(self) -> Path:
@@ -168,6 +181,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --graph-prefill must be auto, on or off")
     if settings.max_queued_chars < settings.max_text_chars:
         raise SystemExit("fishgate: --max-queued-chars must be at least --max-text-chars (one request's text)")
+    if settings.max_connections is not None and settings.max_connections < 1:
+        raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
     if settings.compile_vocoder not in ("on", "off"):
         raise SystemExit("fishgate: --compile-vocoder must be on or off")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:

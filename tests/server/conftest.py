@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 
 from server.app import build_gateway, create_app
+from server.cli import uvicorn_config
 from server.gateway import Gateway
 from server.settings import Settings
 
@@ -66,11 +67,7 @@ def start_server(tmp_path: Path, **overrides) -> Iterator[ServerHandle]:
     settings = Settings(port=free_port(), references_dir=tmp_path / "references", **overrides)
     gateway = build_gateway(settings)
     app = create_app(settings, gateway)
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, ws="websockets-sansio", ws_max_size=settings.max_frame_bytes,
-        log_config=None, lifespan="on",
-    )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(settings, app))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     handle = ServerHandle(settings, gateway, server)

@@ -6,7 +6,9 @@ and a key setting that holds no key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 
 import httpx
 import pytest
@@ -118,3 +120,34 @@ def test_a_refused_preflight_names_the_fix(server: ServerHandle) -> None:
     r = httpx.options(f"{server.base_url}/v1/tts", headers=headers)
     assert_error(r, 403, "forbidden_origin", "origin", "--allowed-origins")
     assert "access-control-allow-origin" not in r.headers
+
+
+def test_connections_beyond_the_cap_get_503_and_the_server_recovers(tmp_path) -> None:
+    """--max-connections: idle sockets cannot pile up without bound. With a cap of 3 and three open WebSockets that
+    send nothing, a fourth socket and a plain HTTP request are answered 503 `overloaded` naming the flag, before
+    any work; once one socket closes, requests are served again."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    with start_server(tmp_path, max_connections=3) as srv, contextlib.ExitStack() as stack:
+        url = srv.ws_url
+        sockets = [stack.enter_context(connect(url, open_timeout=10)) for _ in range(3)]
+        refused_http = httpx.get(f"{srv.base_url}/healthz", timeout=10)
+        assert_error(refused_http, 503, "overloaded", "--max-connections")
+        with pytest.raises(InvalidStatus) as refused, connect(url, open_timeout=10):
+            pass
+        assert refused.value.response.status_code == 503 and b"--max-connections" in refused.value.response.body
+        sockets[0].close()
+        for _ in range(50):  # the server notices the close within a moment
+            if httpx.get(f"{srv.base_url}/healthz", timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the server kept refusing after a connection closed")
+
+
+def test_the_connection_cap_defaults_to_the_session_cap_with_room_and_refuses_zero() -> None:
+    assert parse_settings(["--max-sessions", "10"]).resolved_max_connections == 2 * 10 + 256
+    assert parse_settings(["--max-connections", "40"]).resolved_max_connections == 40
+    with pytest.raises(SystemExit, match="--max-connections must be at least 1"):
+        parse_settings(["--max-connections", "0"])
