@@ -78,14 +78,25 @@ class _CORS(CORSMiddleware):
         return JSONResponse({"error": {"code": "forbidden_origin", "message": message}}, 403, headers=headers)
 
 
+# The demo page loads only its own files (module scripts, the AudioWorklet, one stylesheet, an SVG icon), talks
+# only to its own origin (fetch and the WebSocket; CSP3's 'self' covers ws:/wss: of the same host) and offers the
+# WAV download as a blob: URL. Anything injected from elsewhere (an inline script, a foreign host) is refused.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; media-src 'self' blob:; "
+    "connect-src 'self'; worker-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+
+
 class SecurityHeaders:
     """Every HTTP response says: no MIME sniffing, no framing by other sites (clickjacking the demo page), no
-    referrer (a page's URL may carry ?api_key=)."""
+    referrer (a page's URL may carry ?api_key=), and the demo page's content security policy."""
 
     HEADERS = (
         (b"x-content-type-options", b"nosniff"),
         (b"x-frame-options", b"DENY"),
         (b"referrer-policy", b"no-referrer"),
+        (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
     )
 
     def __init__(self, app: ASGIApp) -> None:

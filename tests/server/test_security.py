@@ -113,6 +113,8 @@ def test_every_http_response_forbids_sniffing_framing_and_referrers(server: Serv
         assert (h["x-content-type-options"], h["x-frame-options"], h["referrer-policy"]) == (
             "nosniff", "DENY", "no-referrer",
         ), path  # fmt: skip
+        csp = h["content-security-policy"]
+        assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "'unsafe-inline'" not in csp, path
 
 
 def test_a_refused_preflight_names_the_fix(server: ServerHandle) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,18 +75,29 @@ def stats(page) -> dict:
     return page.evaluate("window.fishgate.stats()")
 
 
+def wait_for(page, expression: str, timeout_ms: float = 30_000) -> None:
+    """Poll a JavaScript expression until it is truthy. Not page.wait_for_function: Playwright evaluates its string
+    predicate with eval inside the page, which the page's content security policy (no 'unsafe-eval') refuses;
+    page.evaluate goes through the DevTools protocol, outside the policy."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_ms:.0f} ms waiting for {expression}")
+        time.sleep(0.05)
+
+
 def open_page(context, url: str):
     page = context.new_page()
     console = Console(page)
     page.goto(url)
     page.evaluate("localStorage.clear()")  # the page keeps its settings; every test starts from the defaults
     page.reload()
-    page.wait_for_function("document.getElementById('model-name').textContent.startsWith('fishgate')")
+    wait_for(page, "document.getElementById('model-name').textContent.startsWith('fishgate')")
     return page, console
 
 
 def wait_until_finished(page) -> dict:
-    page.wait_for_function("window.fishgate.stats().state !== 'speaking'", timeout=SPEAK_TIMEOUT_MS)
+    wait_for(page, "window.fishgate.stats().state !== 'speaking'", SPEAK_TIMEOUT_MS)
     return stats(page)
 
 
@@ -126,6 +138,24 @@ def test_send_all_mode_plays_the_whole_sentence(server: ServerHandle, browser_co
     assert rate == 44100 and len(data) == s["samplesPlayed"] and np.abs(data).max() > 100
     assert console.errors == []
     page.close()
+
+
+def test_the_page_refuses_injected_inline_scripts(server: ServerHandle, browser_context) -> None:
+    """The content security policy is enforced by the browser (every other test here runs the whole page under it
+    with no console error): an inline script injected into the page does not run and raises a violation."""
+    page, console = open_page(browser_context, server.base_url + "/")
+    violated = page.evaluate(
+        """() => new Promise((resolve) => {
+            document.addEventListener("securitypolicyviolation", (e) => resolve(e.violatedDirective), {once: true});
+            setTimeout(() => resolve("no violation"), 3000);
+            const s = document.createElement("script");
+            s.textContent = "window.__injected = 1";
+            document.body.appendChild(s);
+        })"""
+    )
+    assert violated.startswith("script-src")
+    assert page.evaluate("window.__injected") is None
+    assert all("Content Security Policy" in e for e in console.errors), console.errors
 
 
 def test_worklet_resamples_when_the_audio_context_runs_at_another_rate(server: ServerHandle, browser_context) -> None:
@@ -175,7 +205,7 @@ def test_stop_cancels_playback_at_once(server: ServerHandle, browser_context) ->
     page.select_option("#mode", "all")
     page.fill("#text", LONG)
     page.click("#speak")
-    page.wait_for_function("window.fishgate.stats().samplesPlayed > 20000", timeout=SPEAK_TIMEOUT_MS)
+    wait_for(page, "window.fishgate.stats().samplesPlayed > 20000", SPEAK_TIMEOUT_MS)
     page.click("#stop")
     page.wait_for_timeout(150)  # the worklet's last report after the clear
     before = stats(page)
@@ -218,10 +248,11 @@ def test_clone_a_voice_from_a_clip_and_speak_with_it(server: ServerHandle, brows
     page.set_input_files("#clone-audio", str(clip))
     page.fill("#clone-text", "A steady tone standing in for a speaker.")
     page.click("#clone-upload")
-    page.wait_for_function(
+    wait_for(
+        page,
         "document.getElementById('clone-status').textContent.startsWith('Saved')"
         " || document.getElementById('clone-status').classList.contains('bad')",
-        timeout=SPEAK_TIMEOUT_MS,
+        SPEAK_TIMEOUT_MS,
     )
     assert page.locator("#clone-status").inner_text().startswith("Saved"), page.locator("#clone-status").inner_text()
     assert page.locator("#voice").input_value() == "web-demo-voice"
@@ -261,13 +292,13 @@ def test_sliders_start_at_the_served_models_sampling_defaults(greedy_server: Ser
     """A model folder declaring `sampling` (here temperature 0) moves the page's sliders there, unless the last visit
     saved its own value."""
     page, console = open_page(browser_context, greedy_server.base_url + "/")
-    page.wait_for_function("document.getElementById('temperature').value === '0'")
+    wait_for(page, "document.getElementById('temperature').value === '0'")
     assert page.locator("#temperature + output").inner_text() == "0.00"
     assert page.locator("#top_p").input_value() == "0.7"  # the model declares no top-p: Fish's default
     page.evaluate("""localStorage.setItem('fishgate.demo.v1', JSON.stringify({params: {temperature: 0.9}}))""")
     page.reload()
     # the health poll names the model and applies its defaults in one step: once the name shows, they are applied
-    page.wait_for_function("document.getElementById('model-name').textContent.startsWith('fishgate')")
+    wait_for(page, "document.getElementById('model-name').textContent.startsWith('fishgate')")
     assert page.locator("#temperature").input_value() == "0.9"
     assert not console.errors, console.errors
     page.close()
