@@ -69,6 +69,7 @@ def _configure_logging(level: str) -> None:
 def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
     """`fishgate serve`; `engine` replaces the one the settings describe (bench/host_ceiling.py)."""
     from .app import build_gateway, create_app
+    from .gateway import is_loopback
     from .settings import settings_from
 
     settings = settings_from(args)
@@ -83,7 +84,7 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
     gateway.on_fault = server.stop_now
     log = logging.getLogger("fishgate")
     log.info("fishgate serving on http://%s:%d (demo page at /, API under /v1)", settings.host, settings.port)
-    if not settings.api_key and settings.host not in ("127.0.0.1", "localhost", "::1"):
+    if not settings.api_key and not is_loopback(settings.host):
         log.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
     server.run()
     if gateway.engine.config_error is not None:

@@ -33,7 +33,8 @@ def _client_ip(conn: HTTPConnection) -> str:
     return conn.client.host if conn.client else "anonymous"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """A loopback address or name (127.0.0.0/8, ::1, localhost)."""
     return host in LOCAL_HOSTS or host.startswith("127.")
 
 
@@ -141,10 +142,10 @@ class Gateway:
         """A server bound to loopback answers only requests addressed to a loopback name: a web page that points its
         own domain at 127.0.0.1 (DNS rebinding) would otherwise be same-origin with it."""
         allowed = self.settings.allowed_hosts
-        if not _is_loopback(self.settings.host) or "*" in allowed:
+        if not is_loopback(self.settings.host) or "*" in allowed:
             return
         host = urlsplit(f"//{conn.headers.get('host', '')}").hostname or ""
-        if not _is_loopback(host) and host not in allowed:
+        if not is_loopback(host) and host not in allowed:
             raise ForbiddenHost(
                 f"this server listens on {self.settings.host} and answers only requests addressed to localhost; "
                 "add the name to --allowed-hosts"
