@@ -131,3 +131,49 @@ def test_per_row_sampling_parameters_are_independent() -> None:
     assert torch.equal(
         sample_index(batched, q), torch.stack([sample_index(batched[i : i + 1], q[i : i + 1])[0] for i in range(4)])
     )
+
+
+def test_top_p_keeps_tied_tokens_up_to_the_cut_and_drops_the_rest() -> None:
+    """Top-p drops a token only when the cumulative probability *through* it exceeds top_p (spec §2.3: `>`), and
+    tokens of equal probability are taken in the sort's order (the lower index first for a short row).
+
+    Four tokens share probability 1/4 exactly (the two at -50 are below float32's resolution of the sum). Sorted,
+    the cumulative sums are 0.25, 0.5, 0.75, 1: at top_p 0.5 the first two tied tokens (ids 1 and 3) stay, since
+    0.5 is not > 0.5, and ids 4 and 5 go; at top_p 0.49 only id 1 stays.
+    """
+    logits = torch.tensor([[-50.0, 0.0, -50.0, 0.0, 0.0, 0.0]])
+    one = torch.tensor([1.0])
+    at_half = logits_to_probs(logits, None, one, torch.tensor([0.5]), one)
+    assert torch.equal(at_half, torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0]]))
+    below_half = logits_to_probs(logits, None, one, torch.tensor([0.49]), one)
+    assert torch.equal(below_half, torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]))
+
+
+def upstream_top_p_kept(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Upstream's top-p mask on one 1-D logits vector, line for line (spec §2.3): which ids survive."""
+    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+    cum_probs = torch.cumsum(torch.nn.functional.softmax(sorted_logits, dim=-1), dim=-1)
+    sorted_indices_to_remove = cum_probs > top_p
+    sorted_indices_to_remove[0] = False
+    remove = sorted_indices_to_remove.scatter(dim=0, index=sorted_indices, src=sorted_indices_to_remove)
+    return ~remove
+
+
+@pytest.mark.parametrize("vocab", [32, 1024, 4096])
+def test_top_p_cuts_through_a_tie_exactly_where_upstream_does(vocab: int) -> None:
+    """When the cut falls inside a run of equal logits, the tied ids kept are the ones upstream keeps: the order of
+    torch.sort(descending=True) on the 1-D row, which is not index order for rows this long. Every row of a batch
+    (the engine's and the stepper's batched sampler) keeps the same ids as that row alone in upstream's code."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(0, 3, (3, vocab), generator=gen).float() * 0.5  # three levels: long runs of ties
+    top_mass = torch.softmax(logits, dim=-1).mul(logits == logits.max(dim=-1, keepdim=True).values).sum(-1)
+    top_p = top_mass * torch.tensor([0.3, 0.5, 0.7])  # each cut lands inside the top run
+    probs = logits_to_probs(logits, None, torch.ones(3), top_p, torch.ones(3))
+    for row in range(3):
+        kept = upstream_top_p_kept(logits[row], float(top_p[row]))
+        top = logits[row] == logits[row].max()
+        assert 1 < int(kept.sum()) < int(top.sum())  # the cut really splits the tie
+        assert not torch.equal(kept, top & (top.cumsum(0) <= int(kept.sum()))), (
+            "this torch keeps ties in index order: the test no longer tells a stable sort apart"
+        )
+        assert torch.equal(probs[row] > 0, kept)

@@ -56,6 +56,16 @@ def test_first_hop_passes_through_unchanged():
     np.testing.assert_array_equal(y[: s.hop_samples], x[: s.hop_samples])
 
 
+@pytest.mark.parametrize("seed", [None, 4])
+def test_speed_one_reproduces_the_input_sample_for_sample(seed):
+    """At speed 1.0 every frame is read from where it lands (the best match of the natural successor is itself), so
+    the output is the input, same length, same positions, same level, up to float32 rounding of the window sum."""
+    x = (0.3 * np.random.default_rng(5).standard_normal(RATE_HZ // 2)).astype(np.float32)
+    y = stretch(x, 1.0, seed=seed)
+    assert y.size == x.size
+    assert np.abs(y - x).max() < 1e-6  # one ulp of 0.3-scale noise is ~3e-8; a shift or a 0.1 % gain is far larger
+
+
 @pytest.mark.parametrize("speed", [0.5, 2.0])
 def test_speech_like_envelope_stays_level(speed):
     # A gliding harmonic tone (140 ± 20 Hz, 7 harmonics) stands in for voiced speech.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -14,9 +15,9 @@ from model.codec_checkpoint import is_encoder_key
 from model.codec_config import CodecConfig
 from training.audio_pack import AudioShard, pack_shards, read_manifest, upsample
 from training.checkpoints import load_codec_from_resume, load_resume, save_resume
-from training.codec_losses import ReconstructionLoss
+from training.codec_losses import Discriminators, ReconstructionLoss, generator_adversarial_loss
 from training.codec_model import TrainableCodec, is_parametrized
-from training.codec_train import CodecTrainConfig, train_codec
+from training.codec_train import CodecTrainConfig, _eager_step, train_codec
 from training.configs import CODEC_TINY
 
 from .helpers import SAMPLE_RATE_HZ, chirp, one_thread  # noqa: F401
@@ -109,6 +110,52 @@ def test_adversarial_steps_resume_and_frozen_encoder(tmp_path) -> None:
     probe = torch.from_numpy(chirp(0.3, seed=9)).unsqueeze(0)
     with torch.no_grad():
         assert torch.equal(first.model(probe).codes, second.model(probe).codes)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("adversarial", [False, True])
+def test_generator_step_weights_each_loss_term_as_configured(adversarial: bool) -> None:
+    """One training step moves the generator along the gradient of mel + stft (reconstruction only), or, with the
+    discriminators, of 15·(mel + stft) + adv + 2·fm (the defaults recon_weight_adversarial and feature_match_weight).
+    Each term is differentiated alone on an untouched twin of the generator; the step's gradient must equal their
+    weighted sum to within 5 % of the smallest term's share, so a wrong, missing or extra weight on any term shows."""
+    cfg = CodecTrainConfig(codec=CODEC_TINY, adversarial=adversarial, grad_clip=1e9)  # no clipping
+    codec_cfg = CodecConfig.from_dict(CODEC_TINY)
+    model, twin = TrainableCodec(codec_cfg, seed=4), TrainableCodec(codec_cfg, seed=4)
+    torch.manual_seed(4)
+    with torch.no_grad():  # away from the init, whose near-silent output gives the spectral terms tiny gradients
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    twin.load_state_dict(model.state_dict())
+    disc = Discriminators() if adversarial else None
+    disc_before = copy.deepcopy(disc)  # the step scores real audio before it updates the discriminators
+    recon = ReconstructionLoss(SAMPLE_RATE_HZ)
+    n = 2 * codec_cfg.samples_per_frame
+    real = torch.from_numpy(np.stack([chirp(0.2, seed=5)[:n], chirp(0.2, seed=6)[:n]]))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt_g = torch.optim.AdamW(trainable, lr=1e-4)
+    opt_d = torch.optim.AdamW(disc.parameters(), lr=1e-4) if disc is not None else None
+    _eager_step(cfg, model, recon, real, n, opt_g, trainable, disc, opt_d, 1e-4, torch.device("cpu"))
+    got = torch.cat([p.grad.flatten() for p in trainable if p.grad is not None])
+
+    fake = twin(real).audio[:, :n].float()
+    losses = recon(fake, real)
+    terms = {"mel": losses["mel"], "stft": losses["stft"]}
+    weights = {"mel": 1.0, "stft": 1.0}
+    if disc is not None and disc_before is not None:
+        d_real = [(s.detach(), [f.detach() for f in fs]) for s, fs in disc_before(real)]
+        terms["adv"], terms["fm"] = generator_adversarial_loss(d_real, disc(fake))  # the updated discriminators
+        weights = {"mel": 15.0, "stft": 15.0, "adv": 1.0, "fm": 2.0}
+    params = [p for p in twin.parameters() if p.requires_grad]
+
+    def flat_grad(loss: torch.Tensor) -> torch.Tensor:
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        return torch.cat([(torch.zeros_like(p) if g is None else g).flatten() for p, g in zip(params, grads)])
+
+    parts = {k: weights[k] * flat_grad(v) for k, v in terms.items()}
+    error = (got - sum(parts.values())).norm()
+    for name, part in parts.items():
+        assert error < 0.05 * part.norm(), f"{name}: step gradient off by {error:.3g}, term {part.norm():.3g}"
 
 
 def test_upsample_interpolates_band_limited_audio() -> None:
