@@ -19,7 +19,7 @@ import pytest
 
 from streaming.chunking import SCHEDULES, Latency, refill_size
 from streaming.engine import Engine
-from streaming.session import SynthesisSettings, Voice
+from streaming.session import SegmentDone, SynthesisSettings, Voice
 from tests.streaming.engine_helpers import RANDOM_TINY_MODEL, NeverEnding, collect, running_engine, speak
 from tests.streaming.test_engine import offline_decode
 
@@ -114,3 +114,43 @@ def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s)
     assert len(first) == 4 and rest_a.done is not None and b.done is not None and b.done.reason == "stop"
     assert b.codes.shape[1] == 8 and len(b.pcm) == 8 * SPF
     assert (holds > 0) == (hold_below_s is not None), holds
+
+
+def test_the_chunk_schedule_starts_over_only_after_the_client_ran_dry() -> None:
+    """A client whose audio ran out while it waited for more text has an empty buffer again, so the next segment
+    starts with the schedule's small first chunks (4, 4, 8), not where the last segment left off (8, 8). A client
+    that still has audio to play goes on with the schedule; so does a seeded stream even when it ran dry (its
+    chunking must not depend on timing). Every segment here is 16 frames long: 4 + 4 + 8 by the schedule."""
+    frames = 16
+    text = "Sixteen frames of speech."
+
+    async def segments(engine: Engine, seed: int | None, pause_s: float | None) -> list[list[int]]:
+        """Chunk sizes in frames of two segments, the second sent after `pause_s` (None: both at once)."""
+        session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
+        session.speak(text)
+        if pause_s is not None:
+            first = await collect(session, until=SegmentDone)
+            await asyncio.sleep(pause_s)
+        session.speak(text)
+        session.end_utterance()
+        rest = await collect(session)
+        session.close()
+        chunks = [n // SPF for n in ([*first.chunk_samples, *rest.chunk_samples] if pause_s else rest.chunk_samples)]
+        assert sum(chunks) == 2 * frames and rest.done is not None and not rest.errors, chunks
+        return [chunks[:3], chunks[3:]]
+
+    async def main(engine: Engine):
+        dry = frames * SPF / 44100 + 0.25  # a pause longer than the first segment's audio
+        return (
+            await segments(engine, None, dry),
+            await segments(engine, None, None),
+            await segments(engine, 7, dry),
+        )
+
+    with running_engine(
+        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=NeverEnding, warm_up=False, refill_below_s=None
+    ) as engine:
+        ran_dry, kept_playing, seeded = asyncio.run(main(engine))
+    assert ran_dry == [[4, 4, 8], [4, 4, 8]], ran_dry
+    assert kept_playing == [[4, 4, 8], [8, 8]], kept_playing
+    assert seeded == [[4, 4, 8], [8, 8]], seeded

@@ -10,6 +10,7 @@ import functools
 import gc
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -65,6 +66,70 @@ def test_streamed_audio_equals_offline_decode_across_segment_seams() -> None:
     assert len(utt.pcm) == utt.codes.shape[1] * 2048 == utt.done.audio_samples
     offline = offline_decode(None, utt.codes)
     assert np.abs(utt.pcm - offline).max() <= 1e-4  # seam included: one continuous decoder state
+
+
+def test_audio_stays_continuous_when_a_long_history_is_trimmed_before_the_next_segment() -> None:
+    """Once an utterance's history outgrows the model's budget, the next segment's prompt is rebuilt from a trimmed
+    history instead of being appended to the cached one. That changes only what the model reads: the audio must
+    still flow on through the same vocoder state, so the whole utterance's streamed audio equals the offline decode
+    of all its codes, seams included. The context is lowered here so that the trimming starts after a few segments."""
+    rebuilt: list[int] = []  # prompt lengths of the segments whose prompt was rebuilt from a trimmed history
+
+    def short_context(config: BackendConfig) -> Backend:
+        backend = Backend(dataclasses.replace(config, max_seq_len=1200))
+        build = backend.builder.segment_prompt
+
+        def recording(*args):
+            prompt = build(*args)
+            rebuilt.append(prompt.shape[1])
+            return prompt
+
+        backend.builder.segment_prompt = recording  # type: ignore[method-assign]
+        return backend
+
+    texts = ("The first sentence opens it.", "A second one follows.", "Then comes a third.", "And a fourth ends it.")
+
+    async def main():
+        with running_engine(backend_factory=short_context) as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=1234, max_new_tokens=40))
+            utt = await speak(s, *texts)
+            s.close()
+            return utt
+
+    utt = asyncio.run(main())
+    assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
+    assert len(utt.segments) == len(texts) and all(seg.frames > 0 for seg in utt.segments)
+    assert rebuilt, "the history should have been trimmed before a later segment"
+    assert len(utt.pcm) == utt.codes.shape[1] * 2048 == utt.done.audio_samples
+    assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
+
+
+def test_each_utterance_reports_only_its_own_audio_length() -> None:
+    """Three utterances of one session: two with text (the second sent before the first is spoken), then one with
+    none. The end of each utterance reports exactly the samples of its own audio, never those of an earlier
+    utterance of the same session nor a running total; the utterance without text reports none."""
+
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=11, max_new_tokens=30))
+            s.speak(TEXTS[0])
+            s.speak(TEXTS[1])
+            s.end_utterance()
+            s.speak("A shorter one.")
+            s.end_utterance()
+            utterances = [await collect(s) for _ in range(2)]
+            s.end_utterance()  # nothing was said in this one
+            utterances.append(await collect(s))
+            s.close()
+            return utterances
+
+    first, second, empty = asyncio.run(main())
+    assert [u.done.utterance if u.done else None for u in (first, second, empty)] == [0, 1, 2]
+    for utt in (first, second):
+        assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
+        assert utt.done.audio_samples == len(utt.pcm) == utt.codes.shape[1] * 2048 > 0
+    assert len(first.pcm) != len(second.pcm)  # a count from the wrong utterance could not pass by chance
+    assert empty.done is not None and empty.done.audio_samples == 0 and len(empty.pcm) == 0
 
 
 def test_without_conditioning_a_segment_does_not_depend_on_the_ones_before() -> None:
@@ -241,6 +306,36 @@ def test_cancel_stops_now_and_the_session_goes_on() -> None:
     assert at_cancel["decoding"] == 0 and later["frames"] == at_cancel["frames"], (at_cancel, later)
     assert after.done is not None and len(after.pcm) > 0 and not after.errors
     assert stats["decoding"] == 0
+
+
+def test_audio_dropped_by_a_cancel_no_longer_counts_as_unread() -> None:
+    """The audio a cancel throws away never reaches the client, so it must stop counting as unread: both the chunks
+    already waiting in the session and those still on their way from the worker. Counted wrongly, the session would
+    look as if its client lagged behind (backpressure stalls it, the live endpoint waits for audio that never comes).
+    Once the client has read everything, nothing is unread, after the cancel and after the next utterance."""
+
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=5, max_new_tokens=400))
+            s.speak("This utterance is long enough that it will still be running when the cancel arrives. " * 3)
+            while not any(isinstance(ev, AudioChunk) for ev in s._events):  # the first audio waits, unread
+                await asyncio.sleep(0.01)
+            time.sleep(0.5)  # the event loop is busy: the chunks the worker posts meanwhile are still on their way
+            waiting = sum(len(ev.pcm) for ev in s._events if isinstance(ev, AudioChunk))
+            on_their_way = s.posted_samples - s.consumed_samples - waiting
+            s.cancel()
+            cancelled = await collect(s)
+            after_cancel = s.undelivered_samples
+            after = await speak(s, "And now something short.")
+            s.close()
+            return waiting, on_their_way, cancelled, after_cancel, after, s.undelivered_samples
+
+    waiting, on_their_way, cancelled, after_cancel, after, at_end = asyncio.run(main())
+    assert waiting > 0 and on_their_way > 0, (waiting, on_their_way)  # both kinds of dropped audio were there
+    assert cancelled.cancelled is not None and len(cancelled.pcm) == 0  # none of it reached the client
+    assert after_cancel == 0
+    assert after.done is not None and len(after.pcm) == after.done.audio_samples > 0 and not after.errors
+    assert at_end == 0
 
 
 def test_a_thousand_open_cancel_close_cycles_leak_nothing() -> None:
