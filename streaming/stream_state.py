@@ -87,11 +87,22 @@ class Stream:
         return min(max_new_tokens, math.ceil(frames_per_char * len(text)) + 4)
 
     def client_buffer_s(self, sample_rate_hz: int, now: float | None = None) -> float:
-        """Audio the client should still have buffered if it plays in real time from the first chunk on."""
+        """Audio the client should still have buffered if it plays in real time from the first chunk on, waiting
+        whenever it runs dry (negative: it has been dry that long)."""
         if self.utterance_started_s is None:
             return 0.0
         elapsed = (now if now is not None else time.monotonic()) - self.utterance_started_s
         return self.utterance_samples / sample_rate_hz - elapsed
+
+    def count_sent_audio(self, samples: int, sample_rate_hz: int, now: float) -> None:
+        """Audio posted to the client. A player that ran dry waited and resumes with this chunk, so a gap moves the
+        playback clock on instead of leaving the estimate short by the gap for the rest of the utterance (which
+        would restart the chunk schedule and trigger refills and prefill holds long after the client caught up)."""
+        if self.utterance_started_s is None:
+            self.utterance_started_s = now
+        else:
+            self.utterance_started_s += max(0.0, -self.client_buffer_s(sample_rate_hz, now))
+        self.utterance_samples += samples
 
     def start_utterance_history(self, utterance: int) -> None:
         """A new utterance starts with a fresh history (the prefix stays cached in the row)."""

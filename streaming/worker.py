@@ -551,9 +551,7 @@ class Worker:
         for (st, size, advance), audio in zip(batch, pcm, strict=True):
             st.chunk_index += advance  # a refill keeps the schedule's place
             self.stats.vocoded_frames += size
-            if st.utterance_started_s is None:
-                st.utterance_started_s = now
-            st.utterance_samples += len(audio)
+            st.count_sent_audio(len(audio), self.rate_hz, now)
             utt = st.segment.utterance if st.segment is not None else st.history_utterance
             st.session.post(AudioChunk(utt, audio))
 

@@ -35,11 +35,12 @@ class SlowNeverEnding(NeverEnding):
     """The real backend with a decode step slower than real time whose frames never carry the end token."""
 
     slow_steps: int | None = None  # steps slower than real time (None: all of them)
+    step_s = STEP_S
     steps = 0
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         if self.slow_steps is None or self.steps < self.slow_steps:
-            time.sleep(STEP_S)
+            time.sleep(self.step_s)
         self.steps += 1
         return super().step(rows, commit, max_pos)
 
@@ -92,22 +93,28 @@ def test_without_refills_or_with_a_seed_chunks_follow_the_schedule(refill_below_
     assert frames == list(schedule[:5]) and sum(frames) == FRAMES, frames
 
 
+class VerySlowNeverEnding(SlowNeverEnding):
+    step_s = 0.12  # 4 frames (0.19 s of audio) take 0.48 s: the client is dry for ~0.3 s before each chunk
+
+
 @pytest.mark.parametrize("hold_below_s", [None, 0.1])
 def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s) -> None:
-    """Stream A decodes slower than real time, so its client is dry; B arrives then. With holds on, B's prompt
-    waits (bounded: B still finishes); with holds off it goes straight in. Either way both utterances complete."""
+    """Stream A decodes much slower than real time, so its client runs dry between chunks; B arrives while it is
+    dry. With holds on, B's prompt waits (bounded: B still finishes); with holds off it goes straight in. Either
+    way both utterances complete."""
 
     async def main(engine: Engine):
         a = engine.open_session(Voice(), SynthesisSettings(max_new_tokens=FRAMES))
         a.speak(TEXT)
         a.end_utterance()
-        first = [await a.next_event() for _ in range(4)]  # A's first chunks: by now its client buffer is spent
+        first = [await a.next_event() for _ in range(4)]  # A's first chunks (4 frames each: 0.19 s of audio)
+        await asyncio.sleep(0.25)  # A's client has played its last chunk; the next is ~0.2 s away
         b = engine.open_session(Voice(), SynthesisSettings(max_new_tokens=8))
         return first, await asyncio.gather(collect(a), speak(b, "Short."))
 
     limits = {"refill_below_s": 0.15, "prefill_hold_below_s": hold_below_s, "prefill_hold_max_s": 0.25}
     with running_engine(
-        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=SlowNeverEnding, warm_up=False, **limits
+        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=VerySlowNeverEnding, warm_up=False, **limits
     ) as engine:
         first, (rest_a, b) = asyncio.run(main(engine))
         holds = engine.stats()["prefill_holds"]
@@ -154,3 +161,24 @@ def test_the_chunk_schedule_starts_over_only_after_the_client_ran_dry() -> None:
     assert ran_dry == [[4, 4, 8], [4, 4, 8]], ran_dry
     assert kept_playing == [[4, 4, 8], [8, 8]], kept_playing
     assert seeded == [[4, 4, 8], [8, 8]], seeded
+
+
+def test_the_client_buffer_estimate_carries_no_past_gap() -> None:
+    """A player that runs dry waits for the next chunk and plays on from there. The engine's estimate of what the
+    client still holds must follow that: after a 2 s gap, the next 1 s chunk leaves 1 s buffered (not −1 s for the
+    rest of the utterance, which restarted the chunk schedule and fired refills long after the client caught up);
+    without a gap, sending more never moves the clock."""
+    from streaming.chunking import ChunkSchedule
+    from streaming.stream_state import Stream
+
+    rate = 1000
+    st = Stream(session=None, slot=0, seed=0, schedule=ChunkSchedule((4,)), prefix=None)  # type: ignore[arg-type]
+    assert st.client_buffer_s(rate, now=5.0) == 0.0  # nothing sent yet
+    st.count_sent_audio(1000, rate, now=10.0)  # 1 s at t = 10
+    assert st.client_buffer_s(rate, now=10.5) == 0.5
+    st.count_sent_audio(2000, rate, now=10.5)  # more while it still plays: the clock stays
+    assert st.client_buffer_s(rate, now=11.0) == 2.0
+    assert st.client_buffer_s(rate, now=15.0) == -2.0  # dry for 2 s (it ran out at t = 13)
+    st.count_sent_audio(1000, rate, now=15.0)
+    assert st.client_buffer_s(rate, now=15.0) == 1.0
+    assert st.client_buffer_s(rate, now=15.25) == 0.75
