@@ -477,19 +477,20 @@ class Worker:
         self._ended[sid] = (st, after_tail)  # its queued frames are vocoded at the end of this turn
 
     def _maybe_finish_utterance(self, st: Stream, reason: str = "stop", utterance: int | None = None) -> None:
+        """Post UtteranceDone for every ended utterance whose work is over, in utterance order: one still speaking
+        holds back the later ones (an empty utterance ended meanwhile must not finish before that audio). `reason`
+        is for `utterance` (all of them when None); the others finished here stopped normally."""
         for utt in sorted(st.ended_utterances):
-            if utterance is not None and utt != utterance:
-                continue
             in_flight = st.segment is not None and st.segment.utterance == utt
-            busy = in_flight or any(p[0] == utt for p in st.pending)
-            if busy:
-                continue
+            if in_flight or any(p[0] == utt for p in st.pending):
+                break
             st.ended_utterances.discard(utt)
             samples = st.utterance_samples if st.history_utterance == utt else 0
+            why = reason if utterance is None or utt == utterance else "stop"
             if utt in st.failed_utterances:
                 st.failed_utterances.discard(utt)
-                reason = "error"
-            st.session.post(UtteranceDone(utt, reason, samples))
+                why = "error"
+            st.session.post(UtteranceDone(utt, why, samples))
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
     def _vocode_ready(self) -> None:

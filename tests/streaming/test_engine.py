@@ -747,3 +747,26 @@ def test_warm_up_vocodes_two_rows_when_the_vocoder_compiles() -> None:
             expected += [([0, 1], f) for f in sizes] + [(list(range(16)), f) for f in sizes]
         assert calls == expected
         assert state == 0.0
+
+
+def test_an_empty_utterance_ended_meanwhile_finishes_after_the_one_still_speaking() -> None:
+    """Events stay in utterance order: a session ends utterance 0 (text still generating), then ends utterance 1
+    with no text at all. Utterance 1's UtteranceDone must come after every audio chunk and the UtteranceDone of
+    utterance 0 (it used to be posted at once, overtaking the audio), and report no audio of its own."""
+
+    async def main():
+        with running_engine() as engine:
+            s = engine.open_session(Voice(), SynthesisSettings(seed=2, max_new_tokens=40))
+            s.speak("A sentence that takes a while to speak.")
+            s.end_utterance()
+            s.end_utterance()  # utterance 1: nothing to say
+            events = []
+            while not (isinstance(ev := await asyncio.wait_for(s.next_event(), 60), UtteranceDone) and ev.utterance):
+                events.append(ev)
+            s.close()
+            return events, ev
+
+    events, last = asyncio.run(main())
+    kinds = [(type(e).__name__, getattr(e, "utterance", None)) for e in events]
+    assert ("AudioChunk", 0) in kinds and kinds[-1] == ("UtteranceDone", 0), kinds
+    assert last.utterance == 1 and last.audio_samples == 0 and last.reason == "stop"
