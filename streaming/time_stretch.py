@@ -127,6 +127,14 @@ class WsolaStretcher:
         nominal = self._nominal_start(k)
         lo = max(nominal - tol, 0)
         hi = nominal + tol
+        if self.speed < 1.0:
+            # Slowed down, the last frames' positions run past the input's end while their output is still kept:
+            # candidates stop at the last frame that fits, so the audio ends on its last real samples instead of
+            # fading into the zeros finish() pads with. A no-op before the end (a frame is placed only once its
+            # whole search window has arrived), so chunking still never changes the output.
+            last_fit = max(0, self._n_in - frame)
+            lo = min(lo, last_fit)
+            hi = min(hi, max(lo, last_fit))
         natural = self._prev_start + self.hop_samples  # where frame k-1 would have continued without stretching
         template = self._in[natural - self._in_start : natural - self._in_start + frame]
         region = self._in[lo - self._in_start : hi - self._in_start + frame]  # (hi - lo + frame,)
@@ -145,6 +153,8 @@ class WsolaStretcher:
         """Drop input no future frame can read (both its search window and its template lie after this point)."""
         k = self._next_frame
         keep_from = min(self._nominal_start(k) - self.tolerance_samples, self._prev_start + self.hop_samples)
+        if self.speed < 1.0:
+            keep_from = min(keep_from, self._n_in - self.frame_samples)  # the last frame that fits (_choose_start)
         keep_from = max(keep_from, 0)
         drop = keep_from - self._in_start
         if drop > 0:

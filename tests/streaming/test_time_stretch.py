@@ -26,6 +26,19 @@ def test_sine_duration_scales_and_pitch_is_kept(speed):
     assert purity > 0.99  # no phase clicks: nearly all energy stays at the tone
 
 
+@pytest.mark.parametrize("speed", [0.5, 0.6, 0.75, 0.9])
+def test_slowed_audio_keeps_its_level_to_the_last_sample(speed):
+    """Slowed down, the last frames' positions run past the input's end: they must still read real audio, not the
+    zeros the flush pads with (the last 300 samples used to fade to silence at speed 0.5, and to ~35 % at 0.75),
+    and chunking must still not matter there."""
+    x = sine(200.0, 1.0) + sine(523.0, 1.0, amplitude=0.2)
+    y = stretch(x, speed)
+    level = float(np.sqrt(np.mean(x**2)))
+    tail = float(np.sqrt(np.mean(y[-300:] ** 2)))
+    assert tail > 0.8 * level, (tail, level)
+    np.testing.assert_array_equal(stretch(x, speed, seed=4), y)
+
+
 @pytest.mark.parametrize("speed", [0.5, 1.5, 2.0])
 def test_chunking_does_not_change_output(speed):
     x = sine(220.0, 1.0) + sine(330.0, 1.0, amplitude=0.2)
