@@ -81,11 +81,12 @@ def test_an_unchecked_key_buys_no_fresh_rate_budget(tmp_path) -> None:
 
 def test_wrong_keys_spend_the_callers_rate_budget(tmp_path) -> None:
     with start_server(tmp_path, api_key=(API_KEY,), rate_limit_per_min=3) as srv:
-        codes = [
-            httpx.get(f"{srv.base_url}/v1/references", headers={"Authorization": f"Bearer guess{i}"}).status_code
-            for i in range(5)
+        replies = [
+            httpx.get(f"{srv.base_url}/v1/references", headers={"Authorization": f"Bearer guess{i}"}) for i in range(5)
         ]
-        assert codes == [401, 401, 401, 429, 429]  # guessing is as slow as the rate limit
+        assert [r.status_code for r in replies] == [401, 401, 401, 429, 429]  # guessing is as slow as the rate limit
+        assert_error(replies[-1], 429, "rate_limited")
+        assert replies[-1].headers["retry-after"] == "1"  # a refusal to retry says when
         good = httpx.get(f"{srv.base_url}/v1/references", headers={"Authorization": f"Bearer {API_KEY}"})
         assert good.status_code == 200  # the right key has its own budget
 
@@ -136,9 +137,11 @@ def test_connections_beyond_the_cap_get_503_and_the_server_recovers(tmp_path) ->
         sockets = [stack.enter_context(connect(url, open_timeout=10)) for _ in range(3)]
         refused_http = httpx.get(f"{srv.base_url}/healthz", timeout=10)
         assert_error(refused_http, 503, "overloaded", "--max-connections")
+        assert refused_http.headers["retry-after"] == "1"
         with pytest.raises(InvalidStatus) as refused, connect(url, open_timeout=10):
             pass
         assert refused.value.response.status_code == 503 and b"--max-connections" in refused.value.response.body
+        assert refused.value.response.headers["Retry-After"] == "1"
         sockets[0].close()
         for _ in range(50):  # the server notices the close within a moment
             if httpx.get(f"{srv.base_url}/healthz", timeout=10).status_code == 200:
