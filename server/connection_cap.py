@@ -9,10 +9,14 @@ higher, stays as a backstop for idle keep-alive HTTP connections, which hold no 
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketClose
+
+from streaming.errors import Overloaded
+
+from .http_common import error_response
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -41,20 +45,11 @@ class ConnectionCap:
             self.open -= 1
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.gateway.metrics.errors.labels(code="overloaded").inc()
         message = (
             f"the server is holding its limit of {self.cap} connections; retry in a moment "
             "(operators: raise --max-connections)"
         )
-        body = json.dumps({"error": {"code": "overloaded", "message": message}}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"retry-after", b"1")]  # fmt: skip
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        elif "websocket.http.response" in scope.get("extensions", {}):
-            await send({"type": "websocket.http.response.start", "status": 503, "headers": headers})
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1013})  # try again later
+        response: ASGIApp = error_response(self.gateway, Overloaded(message))  # 503 JSON with Retry-After, counted
+        if scope["type"] == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
+            response = WebSocketClose(1013)  # no denial responses on this server: close the handshake, try later
+        await response(scope, receive, send)  # on a WebSocket handshake: the 503 instead of the 101
