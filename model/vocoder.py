@@ -137,10 +137,13 @@ class FireflyCodec(nn.Module):
         """int64 scalar on the codec's device; reading `.item()` syncs, so do it off the hot path."""
         return self.quantizer.residual_fsq.clamped_codes
 
+    def _decode_path_modules(self) -> list[nn.Module]:
+        """Every module codes → audio runs through after FSQ (quantizer.upsample, then the head), in a fixed order."""
+        return [*self.quantizer.upsample.modules(), *self.head.modules()]
+
     def causal_layers(self) -> list[CausalLayer]:
         """Decode-path layers that need left context when streaming, in a fixed order."""
-        mods = [*self.quantizer.upsample.modules(), *self.head.modules()]
-        return [m for m in mods if isinstance(m, CausalLayer) and m.context_shape[1] > 0]
+        return [m for m in self._decode_path_modules() if isinstance(m, CausalLayer) and m.context_shape[1] > 0]
 
     # --- decode -------------------------------------------------------------------------------------------------
 
@@ -168,8 +171,7 @@ class FireflyCodec(nn.Module):
 
     def decode_path_convs(self) -> list[nn.Conv1d | nn.ConvTranspose1d]:
         """The convolutions codes → audio runs through (quantizer.upsample and the head), in module order."""
-        mods = [*self.quantizer.upsample.modules(), *self.head.modules()]
-        return [m for m in mods if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)]
+        return [m for m in self._decode_path_modules() if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)]
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, frame_lengths: torch.Tensor | None = None) -> torch.Tensor:
