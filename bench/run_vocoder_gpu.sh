@@ -12,9 +12,16 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TO
 t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if [ -n "${FIRST_TESTS:-}" ]; then  # e.g. FIRST_TESTS="tests/model/test_vocoder_stream.py::test_x": whole tracebacks
+  stamp "first tests"
+  timeout "${FIRST_TESTS_S:-150}" python3 -m pytest $FIRST_TESTS -m gpu -p no:cacheprovider -rf --tb=long 2>&1 \
+    > "$OUT/first_tests.txt"
+  grep -E "^E |Error|passed|failed" "$OUT/first_tests.txt" | head -40
+fi
 stamp "vocoder variants"
 timeout "${VOCODER_S:-300}" python3 -m bench.vocoder_variants --budget-s "$(( ${VOCODER_S:-300} - 40 ))" \
-  --variants "${VARIANTS:-graph,graph+cl,graph+compiled,graph+cl+compiled}" --out "$OUT/vocoder_variants.json" 2>&1 \
+  --variants "${VARIANTS:-graph,graph+cl,graph+compiled,graph+cl+compiled}" ${SHAPES:+--shapes $SHAPES} \
+  --out "$OUT/vocoder_variants.json" 2>&1 \
   | grep -v "^{" | tail -60
 if [ -n "${STEP_VARIANTS:-}" ]; then  # e.g. STEP_VARIANTS=compiled,compiled_reduce: the decode step's what-ifs
   stamp "step variants"
@@ -27,6 +34,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   timeout "${TESTS_S:-170}" python3 -m pytest tests/model/test_gpu.py tests/model/test_vocoder_stream.py \
     tests/streaming/test_engine_gpu.py -m gpu -q -p no:cacheprovider -rf --tb=short 2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
 fi
+[ -n "${SKIP_DIVERGENCE:-}" ] && { stamp "done"; exit 0; }
 stamp "seed divergence"
 timeout "${DIVERGENCE_S:-100}" python3 -m bench.seed_divergence --seeds "${SEEDS:-8}" --out "$OUT/seed_divergence.json" \
   2>&1 | tail -6

@@ -25,7 +25,7 @@ from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
-VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")
+VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")  # "+static": compile one graph per shape
 PROFILE_SHAPES = ((1, 8), (64, 24))  # per-kernel profile of these graphs (GPU)
 
 
@@ -48,17 +48,22 @@ def reference(device: str, tiny: bool) -> dict[tuple[int, int], torch.Tensor]:
 
 @torch.inference_mode()
 def run_variant(
-    variant: str, device: str, tiny: bool, ref: dict[tuple[int, int], torch.Tensor], deadline: float | None
+    variant: str,
+    device: str,
+    tiny: bool,
+    ref: dict[tuple[int, int], torch.Tensor],
+    deadline: float | None,
+    shapes: tuple[tuple[int, int], ...] = SHAPES,
 ) -> list[dict]:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     codec = random_codec(device, dtype, tiny=tiny)
     backend = "inductor" if "compiled" in variant else None
     channels_last = "+cl" in variant
-    compiled_regions.reset()
+    compiled_regions.reset(static_shapes="+static" in variant)
     rows = []
     # one decoder for every shape, as in the engine (its state's size is fixed, so compiles are shared by shapes)
     dec = StreamingDecoder(codec, max_slots=2 * max(b for b, _ in SHAPES), channels_last=channels_last)
-    for b, f in SHAPES:
+    for b, f in shapes:
         if deadline is not None and time.perf_counter() > deadline:
             print(f"{variant}: out of time before {b}×{f}", flush=True)
             break
@@ -107,13 +112,17 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="the tiny codec config (CPU smoke test)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--budget-s", type=float, default=None, help="skip the shapes left after this many seconds")
+    ap.add_argument("--shapes", default=",".join(f"{b}x{f}" for b, f in SHAPES), help="batch×frames, e.g. 1x8,64x24")
     args = ap.parse_args()
+    shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
+    if not set(shapes) <= set(SHAPES):
+        ap.error(f"--shapes must be among {SHAPES}")
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     deadline = time.perf_counter() + args.budget_s if args.budget_s else None
     ref = reference(device, args.tiny)
     rows = []
     for v in args.variants.split(","):
-        rows += run_variant(v, device, args.tiny, ref, deadline)
+        rows += run_variant(v, device, args.tiny, ref, deadline, shapes)  # type: ignore[arg-type]
         write_json(args.out, {"environment": environment(), "device": device, "rows": rows})
     for r in rows:
         if r["profile"]:

@@ -43,7 +43,9 @@ _compiled: dict[tuple[Callable[..., Any], Backend], Callable[..., Any]] = {}
 _failed: set[tuple[Callable[..., Any], tuple[Any, ...]]] = set()  # (region, call signature) pairs that failed
 _dynamic_regions: set[Callable[..., Any]] = set()  # regions declared with dynamic dims
 _lock = threading.Lock()
-_options: dict[str, str | None] = {"mode": None}  # torch.compile mode for regions compiled from now on
+# torch.compile mode for regions compiled from now on, and whether regions declared with dynamic dims compile
+# static shapes instead (one compilation per shape: faster kernels, one compile per shape; benchmarks)
+_options: dict[str, Any] = {"mode": None, "static_shapes": False}
 
 
 @contextlib.contextmanager
@@ -79,9 +81,10 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
         backend = _state.backend
         if backend is None:
             return fn(*args, **kwargs)
-        for index, dims in (dynamic_dims or {}).items():
-            for dim in dims:
-                torch._dynamo.maybe_mark_dynamic(args[index], dim)
+        if not _options["static_shapes"]:
+            for index, dims in (dynamic_dims or {}).items():
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(args[index], dim)
         if _failed and (fn, _signature(args, kwargs)) in _failed:  # the signature only once something failed
             return fn(*args, **kwargs)
         try:
@@ -110,7 +113,8 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
             # inductor warns at every split softmax reduction (the 102,048-token vocabulary): noise in a server log
             warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", category=UserWarning)
-            dynamic = None if fn in _dynamic_regions else False  # None: the dims marked dynamic, the rest static
+            symbolic = fn in _dynamic_regions and not _options["static_shapes"]
+            dynamic = None if symbolic else False  # None: the dims marked dynamic, the rest static
             out = torch.compile(fn, backend=backend, mode=_options["mode"], fullgraph=True, dynamic=dynamic)
             _compiled[(fn, backend)] = out
         return out
@@ -129,12 +133,14 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
 
 
-def reset(mode: str | None = None) -> None:
-    """Forget every compiled region and failure (and dynamo's caches); later compiles use `mode` (benchmarks)."""
+def reset(mode: str | None = None, static_shapes: bool = False) -> None:
+    """Forget every compiled region and failure (and dynamo's caches); later compiles use `mode` and, with
+    `static_shapes`, ignore regions' dynamic dims (benchmarks)."""
     with _lock:
         _compiled.clear()
         _failed.clear()
         _options["mode"] = mode
+        _options["static_shapes"] = static_shapes
         torch._dynamo.reset()
 
 
