@@ -12,11 +12,15 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TO
 t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ -n "${FIRST_TESTS:-}" ]; then  # e.g. FIRST_TESTS="tests/model/test_vocoder_stream.py::test_x": whole tracebacks
-  stamp "first tests"
-  timeout "${FIRST_TESTS_S:-150}" python3 -m pytest $FIRST_TESTS -m gpu -p no:cacheprovider -rf --tb=long 2>&1 \
-    > "$OUT/first_tests.txt"
-  grep -E "^E |Error|passed|failed" "$OUT/first_tests.txt" | head -40
+if [ -n "${FIRST_TESTS:-}" ]; then  # e.g. FIRST_TESTS="tests/a.py::test_x tests/b.py::test_y": each run alone, whole
+  i=0                                 # tracebacks kept under $OUT even when a later one runs out of time
+  for t in $FIRST_TESTS; do
+    i=$((i + 1))
+    stamp "first test $i: $t"
+    timeout "${FIRST_TESTS_S:-150}" python3 -m pytest "$t" -m gpu -p no:cacheprovider -rf --tb=long 2>&1 \
+      > "$OUT/first_test_$i.txt"
+    grep -E "^E |passed|failed" "$OUT/first_test_$i.txt" | head -20
+  done
 fi
 stamp "vocoder variants"
 timeout "${VOCODER_S:-300}" python3 -m bench.vocoder_variants --budget-s "$(( ${VOCODER_S:-300} - 40 ))" \

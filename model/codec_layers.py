@@ -26,6 +26,13 @@ def is_time_minor(x: torch.Tensor) -> bool:
     return x.ndim == 3 and x.shape[1] > 1 and x.stride(1) == 1
 
 
+def as_time_minor(x: torch.Tensor) -> torch.Tensor:
+    """x itself when it is stored time-major already, else a time-major copy (same values)."""
+    if is_time_minor(x) or x.shape[1] == 1:
+        return x
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def cat_time(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`cat([a, b], dim=-1)` for (B, C, T) tensors that keeps a channels-last layout (plain cat returns NCL)."""
     if is_time_minor(b):
@@ -45,6 +52,10 @@ class CausalLayer(nn.Module):
     """A layer whose output at step t depends on inputs up to t only; `context_shape` = (channels, history)."""
 
     weight_normed: bool = False  # upstream wraps the conv in weight norm (its checkpoint stores g and v)
+    # set by StreamingDecoder(channels_last=True): outputs are made time-major whatever the conv kernel returned
+    # (cuDNN's choice of output layout differs between CUDA and CPU and under torch.compile), and depthwise convs
+    # always take the multiply-add path
+    time_minor: bool = False
 
     @property
     def context_shape(self) -> tuple[int, int]:
@@ -90,9 +101,11 @@ class CausalConv1d(CausalLayer):
             right = (n_out - 1) * self.stride + self.span - self.left_pad - length
             x = F.pad(x, (self.left_pad, right))
         w, b = self.conv.weight, self.conv.bias
-        if self.groups > 1 and self.groups == self.conv.in_channels == self.conv.out_channels and is_time_minor(x):
+        depthwise = self.groups > 1 and self.groups == self.conv.in_channels == self.conv.out_channels
+        if depthwise and (self.time_minor or is_time_minor(x)):
             return self._depthwise_time_minor(x)
-        return F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
+        y = F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
+        return as_time_minor(y) if self.time_minor else y
 
     def _depthwise_time_minor(self, x: torch.Tensor) -> torch.Tensor:
         """Depthwise conv on a channels-last input as k shifted multiply-adds in fp32, output channels-last.
@@ -138,7 +151,8 @@ class CausalConvTranspose1d(CausalLayer):
             x = ctx.extend(self, x)
             skip = self.history_frames * self.stride
         y = F.conv_transpose1d(x, self.conv.weight, self.conv.bias, stride=self.stride)
-        return y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)
+        y = y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)
+        return as_time_minor(y) if self.time_minor else y
 
 
 class ConvNeXtBlock(nn.Module):

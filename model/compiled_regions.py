@@ -36,10 +36,11 @@ Backend = str | Callable[..., Any]  # a torch.compile backend: "inductor", "eage
 
 class _State(threading.local):
     backend: Backend | None = None
+    tuned: bool = False
 
 
 _state = _State()
-_compiled: dict[tuple[Callable[..., Any], Backend], Callable[..., Any]] = {}
+_compiled: dict[tuple[Callable[..., Any], Backend, bool], Callable[..., Any]] = {}
 _failed: set[tuple[Callable[..., Any], tuple[Any, ...]]] = set()  # (region, call signature) pairs that failed
 _dynamic_regions: set[Callable[..., Any]] = set()  # regions declared with dynamic dims
 _lock = threading.Lock()
@@ -48,15 +49,23 @@ _lock = threading.Lock()
 _options: dict[str, Any] = {"mode": None, "static_shapes": False}
 
 
+# Inductor options of `compiled(..., tuned=True)`: coordinate-descent tuning of every Triton kernel's launch
+# config, and with it inductor's rule that turns a one-row matmul (a GEMV) into a Triton reduction fused with its
+# neighbours (norms, activations, residual adds) instead of a cuBLAS call. The H200's batch-1 decode step went
+# 3.28 → 2.64 ms (993 → 825 kernels) for ~4× the compile time (bench/NOTES.md, run 14). CPU kernels are unaffected.
+TUNED_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"coordinate_descent_tuning": True}
+
+
 @contextlib.contextmanager
-def compiled(backend: Backend | None) -> Iterator[None]:
-    """Regions called inside run compiled with `backend` ("inductor"; "eager" only traces); None = eagerly."""
-    saved = _state.backend
-    _state.backend = backend
+def compiled(backend: Backend | None, tuned: bool = False) -> Iterator[None]:
+    """Regions called inside run compiled with `backend` ("inductor"; "eager" only traces); None = eagerly.
+    `tuned` compiles them with TUNED_OPTIONS (inductor only): for one-row shapes, where GEMVs dominate."""
+    saved = _state.backend, _state.tuned
+    _state.backend, _state.tuned = backend, tuned
     try:
         yield
     finally:
-        _state.backend = saved
+        _state.backend, _state.tuned = saved
 
 
 def active_backend() -> Backend | None:
@@ -88,7 +97,7 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
         if _failed and (fn, _signature(args, kwargs)) in _failed:  # the signature only once something failed
             return fn(*args, **kwargs)
         try:
-            return _compiled_fn(fn, backend)(*args, **kwargs)
+            return _compiled_fn(fn, backend, _state.tuned)(*args, **kwargs)
         except Exception as e:  # a compiler failure: run eagerly (a genuine error raises again from the eager call)
             if not _is_compile_error(e):
                 raise
@@ -103,9 +112,10 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
     return call
 
 
-def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
+def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool) -> Callable[..., Any]:
+    tuned = tuned and backend == "inductor" and _options["mode"] is None
     with _lock:
-        out = _compiled.get((fn, backend))
+        out = _compiled.get((fn, backend, tuned))
         if out is None:
             config = torch._dynamo.config
             for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
@@ -115,8 +125,11 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]
             warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", category=UserWarning)
             symbolic = fn in _dynamic_regions and not _options["static_shapes"]
             dynamic = None if symbolic else False  # None: the dims marked dynamic, the rest static
-            out = torch.compile(fn, backend=backend, mode=_options["mode"], fullgraph=True, dynamic=dynamic)
-            _compiled[(fn, backend)] = out
+            out = torch.compile(
+                fn, backend=backend, mode=_options["mode"], options=TUNED_OPTIONS if tuned else None, fullgraph=True,
+                dynamic=dynamic,
+            )  # fmt: skip
+            _compiled[(fn, backend, tuned)] = out
         return out
 
 

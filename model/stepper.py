@@ -84,11 +84,13 @@ class DecodeStepper:
         prefill_scratch_row: int | None = None,
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
+        tune_single_row: bool = False,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing) runs the step's regions compiled (see
         model.compiled_regions) for batch buckets up to `compile_max_batch` (default: all); each region compiles
-        once per shape, on its first use or capture. Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the
-        caller) makes later starts cheaper.
+        once per shape, on its first use or capture. `tune_single_row` compiles the one-row bucket's regions with
+        `compiled_regions.TUNED_OPTIONS` (GEMVs as tuned Triton reductions; CUDA devices only). Inductor's on-disk
+        cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper.
         `fixed_batch`: every graph-captured step runs all `max_batch` rows (batch-invariant mode on a GPU, where the
         kernels cuBLAS picks, and so a row's rounding, depend on the batch size).
         `first_frame_scratch_row`: a row no stream reads while first frames are sampled; given, `start_segments` runs
@@ -152,6 +154,7 @@ class DecodeStepper:
         self._out_host = torch.zeros(n_rows, width, dtype=torch.int64, pin_memory=pin)
         self.compile_backend = compile_backend
         self.compile_max_batch = compile_max_batch or n_rows
+        self.tune_single_row = tune_single_row and device.type == "cuda"
 
     # ---- row state (host calls, outside graphs) ----------------------------------------------------------------------
     def set_sampling(self, row: int, s: RowSampling) -> None:
@@ -236,7 +239,7 @@ class DecodeStepper:
 
     def _run_first_frames(self, bucket: int) -> None:
         rows, positions = self._ff_rows[:bucket], self._ff_positions[:bucket]
-        with compiled(self._compile_backend_for(bucket)):
+        with compiled(self._compile_backend_for(bucket), tuned=self._tuned_for(bucket)):
             out = self._first_frames(rows, self._ff_logits[:bucket], self._ff_hidden[:bucket], positions)
         self._ff_out[:bucket] = out
 
@@ -317,9 +320,12 @@ class DecodeStepper:
     def _compile_backend_for(self, rows: int) -> str | None:
         return self.compile_backend if rows <= self.compile_max_batch else None
 
+    def _tuned_for(self, rows: int) -> bool:
+        return self.tune_single_row and rows == 1
+
     def _run_step(self, rows: int, attn_len: int) -> None:
         """The step for one bucket: its regions compiled where asked for, else eager PyTorch."""
-        with compiled(self._compile_backend_for(rows)):
+        with compiled(self._compile_backend_for(rows), tuned=self._tuned_for(rows)):
             self._step_impl(rows, attn_len)
 
     @torch.inference_mode()

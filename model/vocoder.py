@@ -143,7 +143,11 @@ class FireflyCodec(nn.Module):
 
     def causal_layers(self) -> list[CausalLayer]:
         """Decode-path layers that need left context when streaming, in a fixed order."""
-        return [m for m in self._decode_path_modules() if isinstance(m, CausalLayer) and m.context_shape[1] > 0]
+        return [m for m in self.decode_path_layers() if m.context_shape[1] > 0]
+
+    def decode_path_layers(self) -> list[CausalLayer]:
+        """Every causal conv layer codes → audio runs through, in module order."""
+        return [m for m in self._decode_path_modules() if isinstance(m, CausalLayer)]
 
     # --- decode -------------------------------------------------------------------------------------------------
 

@@ -86,6 +86,8 @@ class StreamingDecoder:
         if channels_last:  # weights stored (out, k, in) in memory, values unchanged: cuDNN's NHWC kernels read them
             for conv in codec.decode_path_convs():
                 conv.weight.data = conv.weight.data.transpose(1, 2).contiguous().transpose(1, 2)
+            for layer in codec.decode_path_layers():
+                layer.time_minor = True
         self.max_slots = max_slots
         self.samples_per_frame = codec.config.samples_per_frame
         self._layout: dict[int, tuple[int, int, int]] = {}

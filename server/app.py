@@ -129,6 +129,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
                 compile_max_batch=settings.compile_max_batch,
                 compile_vocoder=settings.compile_vocoder == "on",
+                tune_single_row=settings.compile_tune_single_row == "on",
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             ),
             max_queued_chars=settings.max_queued_chars,

@@ -58,6 +58,12 @@ class Settings:
                   "start-up +18 s with a warm --compile-cache-dir, +78 s on an empty one (docs/BENCHMARKS.md run 12)",
                   "shown_default": "auto"},
     )  # fmt: skip
+    compile_tune_single_row: str = field(
+        default="on",
+        metadata={"help": "on | off: compile the one-row decode step with inductor's coordinate-descent tuning, its "
+                  "GEMVs as fused Triton kernels (with --compile-max-batch; H200 run 14: batch-1 step 3.28 -> 2.64 ms, "
+                  "about a minute more of compile per context bucket on an empty --compile-cache-dir)"},
+    )  # fmt: skip
     compile_vocoder: str = field(
         default="off",
         metadata={"help": "on | off: torch.compile the streaming vocoder's chunk decode before its CUDA graphs are "
@@ -183,6 +189,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-queued-chars must be at least --max-text-chars (one request's text)")
     if settings.max_connections is not None and settings.max_connections < 1:
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
+    if settings.compile_tune_single_row not in ("on", "off"):
+        raise SystemExit("fishgate: --compile-tune-single-row must be on or off")
     if settings.compile_vocoder not in ("on", "off"):
         raise SystemExit("fishgate: --compile-vocoder must be on or off")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:

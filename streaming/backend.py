@@ -90,6 +90,10 @@ class BackendConfig:
     # Inductor's caches live in compile_cache_dir (None: TORCHINDUCTOR_CACHE_DIR, else torch's default under /tmp),
     # so a restart skips code generation.
     compile_max_batch: int | None = 0
+    # the one-row bucket's compiled regions with inductor's coordinate-descent tuning (model.compiled_regions
+    # TUNED_OPTIONS: its GEMVs become fused Triton reductions). Run 14, H200: batch-1 step 3.28 → 2.64 ms, its
+    # compile 16 → 66 s on an empty cache (per attention-length bucket used at batch 1), cached after
+    tune_single_row: bool = True
     # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
     # CUDA graphs only; the CPU decodes eagerly). Off: run 13 on the H200, batch and frames symbolic (the only way
     # the engine's 42 graph shapes share compilations), 1 × 8 frames 2.65 → 2.16 ms and 938 → 1,079× real time at
@@ -186,6 +190,7 @@ class Backend:
             prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,
             compile_backend="inductor" if self.compile_max_batch > 0 else None,
             compile_max_batch=self.compile_max_batch or None,
+            tune_single_row=config.tune_single_row,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)

@@ -161,3 +161,59 @@ def test_decode_attention_rule_picks_reductions_for_one_row_while_compiling(monk
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     monkeypatch.setattr(attn, "decode_attention", "auto")
     assert not attn._by_reduction(1, 1, cached=True)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tuned_regions_compile_with_the_tuned_options_and_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compiled(backend, tuned=True)` compiles a separate variant with TUNED_OPTIONS (inductor only; other backends
+    take no options), and its output equals the eager region's."""
+    options = []
+    real_compile = torch.compile
+
+    def spy(fn, **kwargs):  # type: ignore[no-untyped-def]
+        options.append(kwargs.get("options"))
+        return real_compile(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", spy)
+
+    @compiled_regions.region
+    def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w).relu()
+
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 32), torch.randn(16, 32)
+    expected = gemv(x, w)
+    got = []
+    for backend, tuned in [("inductor", False), ("inductor", True), ("inductor", True), ("eager", True)]:
+        with compiled_regions.compiled(backend, tuned=tuned):
+            got.append(gemv(x, w))
+    assert options == [None, compiled_regions.TUNED_OPTIONS, None], "one compile per variant; eager takes no options"
+    for out in got:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    compiled_regions.reset()
+
+
+def test_the_stepper_tunes_only_the_one_row_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    import model.stepper as stepper_module
+
+    seen = []
+    real_compiled = stepper_module.compiled
+
+    def spy(backend, tuned=False):  # type: ignore[no-untyped-def]
+        seen.append((backend, tuned))
+        return real_compiled(backend, tuned=tuned)
+
+    monkeypatch.setattr(stepper_module, "compiled", spy)
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(
+        model, 4, max_seq_len=64, length_buckets=[64], compile_backend="eager", tune_single_row=True
+    )
+    assert not stepper.tune_single_row, "CPU kernels gain nothing from the tuning: CUDA devices only"
+    stepper.tune_single_row = True  # as on a CUDA device
+    run_stepper(stepper, 2, 0)
+    for rows, tuned in [(1, True), (2, False), (1, True)]:
+        seen.clear()
+        stepper.commit[:rows] = True
+        stepper.step(rows, int(stepper.pos[:rows].max()))
+        assert seen == [("eager", tuned)], rows
+    compiled_regions.reset()

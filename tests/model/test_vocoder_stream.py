@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import compiled_regions
 from model.vocoder_graphs import GraphedVocoder
@@ -148,6 +149,40 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
     offline = codec.decode(codes)
     assert _max_diff(torch.cat(eager_chunks, -1), offline) <= 1e-5
     assert _max_diff(torch.cat(graph_chunks, -1), offline) <= 1e-5
+
+
+def test_channels_last_decoder_keeps_its_layout_when_conv_kernels_return_the_default_layout(monkeypatch):
+    """On CUDA (and under torch.compile) a conv given a time-major input may return (B, C, T) contiguous output; the
+    H200 then ran the ConvNeXt depthwise convs through cuDNN's grouped kernel (183 ms at 64 × 24 frames). Simulate
+    such kernels: every layer's output must still be time-major, no depthwise conv may reach F.conv1d, and the
+    audio must equal the default layout's."""
+    import model.codec_layers as codec_layers
+
+    fs = firefly_sets()[0]
+    codec = fixture_codec(fs.path)
+    plain, fast = StreamingDecoder(codec, max_slots=2), StreamingDecoder(copy.deepcopy(codec), 2, channels_last=True)
+    codes = fs.tensors()["codes_long"][..., :12].repeat(2, 1, 1)
+    slots = torch.tensor([1, 0])
+    expected = torch.cat([plain.decode(codes[..., s : s + 4], slots) for s in (0, 4, 8)], -1)
+    grouped_calls = []
+    real_conv1d, real_transpose = F.conv1d, F.conv_transpose1d
+
+    def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+        grouped_calls.append(groups > 1)
+        return real_conv1d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups).contiguous()
+
+    def conv_transpose1d(x, w, b=None, stride=1):
+        return real_transpose(x, w, b, stride=stride).contiguous()
+
+    monkeypatch.setattr(codec_layers.F, "conv1d", conv1d)
+    monkeypatch.setattr(codec_layers.F, "conv_transpose1d", conv_transpose1d)
+    outputs: list[bool] = []
+    for layer in fast.codec.decode_path_layers():
+        layer.register_forward_hook(lambda _m, _a, y: outputs.append(codec_layers.is_time_minor(y) or y.shape[1] == 1))
+    got = torch.cat([fast.decode(codes[..., s : s + 4], slots) for s in (0, 4, 8)], -1)
+    assert _max_diff(got, expected) <= 1e-5
+    assert outputs and all(outputs)
+    assert grouped_calls and not any(grouped_calls)
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])

@@ -160,6 +160,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     with pytest.raises(SystemExit, match="--max-queued-chars must be at least --max-text-chars"):
         parse_settings(["--max-queued-chars", "100"])
     assert parse_settings(["--max-queued-chars", "100", "--max-text-chars", "100"]).max_queued_chars == 100
+    assert parse_settings([]).compile_tune_single_row == "on"
+    assert parse_settings(["--compile-tune-single-row", "off"]).compile_tune_single_row == "off"
+    with pytest.raises(SystemExit, match="--compile-tune-single-row must be on or off"):
+        parse_settings(["--compile-tune-single-row", "no"])
     assert parse_settings([]).compile_vocoder == "off"
     assert parse_settings(["--compile-vocoder", "on"]).compile_vocoder == "on"
     with pytest.raises(SystemExit, match="--compile-vocoder must be on or off"):
