@@ -150,9 +150,23 @@ class CausalConvTranspose1d(CausalLayer):
         if ctx is not None and self.history_frames > 0:
             x = ctx.extend(self, x)
             skip = self.history_frames * self.stride
+        if self.time_minor and self.conv.kernel_size[0] == self.stride:
+            return self._frames_as_matmul(x)
         y = F.conv_transpose1d(x, self.conv.weight, self.conv.bias, stride=self.stride)
         y = y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)
         return as_time_minor(y) if self.time_minor else y
+
+    def _frames_as_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """kernel == stride: every input frame writes its own `s` output steps, so the transposed conv is one matmul
+        (B, T, C_in) @ (C_in, s·C_out) read back time-major. On a channels-last input cuDNN ran the FSQ upsample's two
+        such convs through a grouped direct kernel: 183 ms at 64 × 24 frames on an H200 (run 14)."""
+        w = self.conv.weight  # (C_in, C_out, s)
+        c_out, s = w.shape[1], self.stride
+        y = x.transpose(1, 2) @ w.permute(0, 2, 1).reshape(w.shape[0], s * c_out)  # (B, T, s·C_out)
+        y = y.reshape(x.shape[0], x.shape[2] * s, c_out)
+        if self.conv.bias is not None:
+            y = y + self.conv.bias
+        return y.transpose(1, 2)  # (B, C_out, T·s), time-major
 
 
 class ConvNeXtBlock(nn.Module):

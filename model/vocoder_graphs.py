@@ -63,7 +63,8 @@ class GraphedVocoder:
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """codes (B, rows, F) and slots (B,) on the device → audio (B, F·spf), via the bucket's graph."""
+        """codes (B, rows, F) and slots (B,) on the device → audio (B, F·spf), via the bucket's graph. The audio is a
+        view of the graph's static output, overwritten by the next call of the same shape: copy it to keep it."""
         batch, _, frames = codes.shape
         bucket = self.bucket(batch)
         if (bucket, frames) not in self._graphs:

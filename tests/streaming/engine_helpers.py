@@ -64,6 +64,7 @@ def running_engine(
     backend_factory: Callable[[BackendConfig], Backend] = Backend,
     batch_invariant: bool | None = None,
     warm_up: bool = True,
+    ready_timeout_s: float = 120,
     **limits,
 ):
     engine = Engine(
@@ -76,7 +77,7 @@ def running_engine(
     )
     engine.start()
     try:
-        assert engine.wait_ready(120), engine.fault
+        assert engine.wait_ready(ready_timeout_s), engine.fault or f"not ready within {ready_timeout_s} s"
         yield engine
     finally:
         engine.stop()

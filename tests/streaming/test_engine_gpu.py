@@ -67,7 +67,9 @@ def test_engine_with_compiled_step_regions_streams_on_cuda() -> None:
         return Backend(dataclasses.replace(config, compile_max_batch=2, compile_vocoder=True))
 
     async def main():
-        with running_engine(max_sessions=4, backend_factory=compiled_backend) as engine:
+        # cold compiles on the GPU: the step's buckets ≤ 2 (the one-row bucket tuned) and up to four vocoder
+        # specialisations; run 13's H200 call lost this test's failure text, most likely to the old 120 s limit
+        with running_engine(max_sessions=4, backend_factory=compiled_backend, ready_timeout_s=600) as engine:
             b = engine._worker.b
             assert b.stepper.compile_backend == "inductor" and b.vocoder_graphs.compile_backend == "inductor"
             sessions = [
