@@ -104,6 +104,11 @@ class CausalConv1d(CausalLayer):
         depthwise = self.groups > 1 and self.groups == self.conv.in_channels == self.conv.out_channels
         if depthwise and (self.time_minor or is_time_minor(x)):
             return self._depthwise_time_minor(x)
+        if self.time_minor and self.conv.out_channels == 1:
+            # one output channel (the head's conv_post, at the audio rate): cuDNN's kernel for a channels-last input
+            # was its grouped direct one, 91 ms a call at 64 × 24 frames on an H200 (run 14); channels-first it is
+            # fast, and the copy costs microseconds
+            x = x.contiguous()
         y = F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
         return as_time_minor(y) if self.time_minor else y
 
@@ -150,23 +155,33 @@ class CausalConvTranspose1d(CausalLayer):
         if ctx is not None and self.history_frames > 0:
             x = ctx.extend(self, x)
             skip = self.history_frames * self.stride
-        if self.time_minor and self.conv.kernel_size[0] == self.stride:
-            return self._frames_as_matmul(x)
+        if self.time_minor and self.conv.kernel_size[0] % self.stride == 0:
+            return self._as_matmul(x, n_new)
         y = F.conv_transpose1d(x, self.conv.weight, self.conv.bias, stride=self.stride)
         y = y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)
         return as_time_minor(y) if self.time_minor else y
 
-    def _frames_as_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """kernel == stride: every input frame writes its own `s` output steps, so the transposed conv is one matmul
-        (B, T, C_in) @ (C_in, s·C_out) read back time-major. On a channels-last input cuDNN ran the FSQ upsample's two
-        such convs through a grouped direct kernel: 183 ms at 64 × 24 frames on an H200 (run 14)."""
-        w = self.conv.weight  # (C_in, C_out, s)
-        c_out, s = w.shape[1], self.stride
-        y = x.transpose(1, 2) @ w.permute(0, 2, 1).reshape(w.shape[0], s * c_out)  # (B, T, s·C_out)
-        y = y.reshape(x.shape[0], x.shape[2] * s, c_out)
+    def _as_matmul(self, x: torch.Tensor, n_new: int) -> torch.Tensor:
+        """The transposed conv for kernel = m·stride as one matmul plus m − 1 shifted adds, time-major in and out:
+        input frame i writes output blocks i … i+m−1 (s steps each), so block u sums the products of frames
+        u, u−1, …, u−m+1. `x` holds the m − 1 history frames first (as the context prepends them); the result is the
+        n_new blocks after them. On a channels-last input cuDNN ran the head's two k = 16, s = 8 upsamplers through
+        its grouped direct kernel: 183 ms at 64 × 24 frames on an H200 (run 14)."""
+        w = self.conv.weight  # (C_in, C_out, k)
+        c_in, c_out, k = w.shape
+        s = self.stride
+        m = k // s
+        z = x.transpose(1, 2) @ w.permute(0, 2, 1).reshape(c_in, k * c_out)  # (B, T', k·C_out), k = (q, r)
+        z = z.view(x.shape[0], x.shape[2], m, s * c_out)
+        first = x.shape[2] - n_new  # the history frames (m − 1 with a context, 0 without)
+        y = z[:, first : first + n_new, 0]
+        for q in range(1, m):  # frame u − q's q-th block; frames before the input are zeros (offline) or history
+            lo = first - q
+            part = z[:, max(lo, 0) : lo + n_new, q]
+            y = y + (F.pad(part, (0, 0, n_new - part.shape[1], 0)) if lo < 0 else part)
         if self.conv.bias is not None:
-            y = y + self.conv.bias
-        return y.transpose(1, 2)  # (B, C_out, T·s), time-major
+            y = y + self.conv.bias.repeat(s)
+        return y.reshape(x.shape[0], n_new * s, c_out).transpose(1, 2)  # (B, C_out, T·s), time-major
 
 
 class ConvNeXtBlock(nn.Module):
