@@ -105,10 +105,10 @@ class CausalConv1d(CausalLayer):
         if depthwise and (self.time_minor or is_time_minor(x)):
             return self._depthwise_time_minor(x)
         if self.time_minor and self.conv.out_channels == 1:
-            # one output channel (the head's conv_post, at the audio rate): cuDNN's kernel for a channels-last input
-            # was its grouped direct one, 91 ms a call at 64 × 24 frames on an H200 (run 14); channels-first it is
-            # fast, and the copy costs microseconds
-            x = x.contiguous()
+            # one output channel (the head's conv_post, at the audio rate) channels-first, input and weight (PyTorch
+            # picks the channels-last kernels when either is): a suspect for the two cuDNN grouped-direct calls of
+            # 91 ms each at 64 × 24 frames on an H200 (run 14; not identified); the copies cost microseconds
+            x, w = x.contiguous(), w.contiguous()
         y = F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
         return as_time_minor(y) if self.time_minor else y
 

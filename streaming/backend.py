@@ -97,13 +97,13 @@ class BackendConfig:
     # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
     # CUDA graphs only; the CPU decodes eagerly). Off: run 13 on the H200, batch and frames symbolic (the only way
     # the engine's 42 graph shapes share compilations), 1 × 8 frames 2.65 → 2.16 ms and 938 → 1,079× real time at
-    # 256 × 24, for ~70-80 s of cold compile per specialisation (1, 2-15, 16+ rows × 1, 2+ frames) before ready; its
-    # two GPU tests failed there (text not captured). Static shapes reached 1.88 ms and 1,575× but cost ~35 s a shape.
+    # 256 × 24, for ~70-80 s of cold compile per specialisation (1, 2-15, 16+ rows × 1, 2+ frames) before ready.
+    # Static shapes reached 1.88 ms and 1,575× but cost ~35 s a shape.
     compile_vocoder: bool = False
     # the streaming vocoder's activations, carried state and conv weights stored channels-last (time-major), the
-    # layout cuDNN's bf16 tensor-core convs read without transposes (GPU only). Off: run 13 measured it eager at
-    # 64 × 24 frames 79 → 273 ms (cuDNN's grouped NHWC depthwise kernel, replaced since) and compiled only at 1 × 8
-    # (2.16 → 1.71 ms); the batched figure is not measured yet (bench/vocoder_variants.py "graph+cl+compiled")
+    # layout cuDNN's bf16 tensor-core convs read without transposes (GPU only). Off: run 14 on the H200, eager
+    # kernels, 1 × 8 frames 2.68 → 2.26 ms but 64 × 24 frames 80 → 272 ms (two cuDNN grouped-direct convolutions,
+    # 183 ms, not identified yet); compiled with static shapes 1.68 ms and 240 ms
     vocoder_channels_last: bool = False
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
@@ -170,7 +170,8 @@ class Backend:
         if self.compile_max_batch > 0:
             log.info(
                 "the decode step of batches up to %d is compiled with torch.compile before its graphs are captured "
-                "(about 1.5 minutes on a first start, ~35 s from a warm cache in %s; --compile-max-batch 0 skips it)",
+                "(about 3 minutes on a first start with an empty cache in %s, much less from a warm one; "
+                "--compile-max-batch 0 skips it)",
                 self.compile_max_batch, os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"),
             )  # fmt: skip
         self.graph_prefill = (

@@ -170,7 +170,7 @@ def test_channels_last_decoder_keeps_its_layout_when_conv_kernels_return_the_def
     def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
         grouped_calls.append(groups > 1)
         if w.shape[0] == 1:  # one output channel: cuDNN's channels-last kernel is slow, so channels-first input
-            single_channel_inputs.append(x.is_contiguous())
+            single_channel_inputs.append(x.is_contiguous() and w.is_contiguous())
         return real_conv1d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups).contiguous()
 
     transposed_calls = []
