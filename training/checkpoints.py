@@ -197,6 +197,38 @@ def load_codec_from_resume(path: Path, device: torch.device | str = "cpu") -> Fi
         return load_codec(folder, device=device, with_encoder=True)
 
 
+# The export's default `--frames-per-char-margin`: fishgate.json's `max_frames_per_char` is the corpus maximum × this.
+EXPORT_FRAMES_PER_CHAR_MARGIN = 2.0
+
+
+def resumes_from_folder(folder: Path, out_dir: Path) -> tuple[Path, Path]:
+    """An exported model folder → `dual_ar_resume.safetensors` and `codec_resume.safetensors` (weights only, fp32
+    copies of its fp16 tensors) in `out_dir`, so training can continue a shipped voice whose resume files are gone,
+    and `export` can rebuild its folder from them. The meta carries what the folder records of its training: steps,
+    the corpus' frames-per-character maximum, and whether the DualAR saw previous segments in its prompts (a folder
+    that reads segments alone was trained without them: p_history 0)."""
+    config = json.loads((folder / "config.json").read_text())
+    codec_config = json.loads((folder / "codec_config.json").read_text())
+    card_file = folder / "fishgate.json"
+    card = json.loads(card_file.read_text()) if card_file.is_file() else {}
+    load_dual_ar(folder, dtype=torch.float32)  # refuses a folder model/ cannot load
+    load_codec(folder, with_encoder=True)
+    history = card.get("sampling", {}).get("condition_on_previous_chunks", True)
+    ar_meta: dict[str, Any] = {
+        "kind": "dual_ar", "step": int(card.get("dual_ar_step") or 0), "dual_ar_config": config,
+        "train_config": {"mix": {"p_history": 1.0 if history else 0.0}}, "source_folder": str(folder),
+    }  # fmt: skip
+    if card.get("max_frames_per_char"):
+        ar_meta["max_frames_per_char"] = float(card["max_frames_per_char"]) / EXPORT_FRAMES_PER_CHAR_MARGIN
+    codec_meta = {"kind": "codec", "step": int(card.get("codec_step") or 0), "codec_config": codec_config,
+                  "source_folder": str(folder)}  # fmt: skip
+    ar_state = read_safetensors(folder / "model.safetensors")
+    gen_state = read_safetensors(folder / "generator.safetensors")
+    ar_path = save_resume(out_dir / "dual_ar_resume.safetensors", {"model": ar_state}, ar_meta, dtype="fp32")
+    codec_path = save_resume(out_dir / "codec_resume.safetensors", {"gen": gen_state}, codec_meta, dtype="fp32")
+    return ar_path, codec_path
+
+
 # ---- command line: export a trained pair, vocode sampled codes -------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SpokenCheck:
@@ -275,7 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     # imported here: the device's trainers import this module from a copy of model/ and training/ only
     from streaming.sampling_defaults import SAMPLING_RANGES
 
-    parser = argparse.ArgumentParser(description="export a trained DualAR + codec; vocode sampled codes")
+    parser = argparse.ArgumentParser(
+        description="export a trained DualAR + codec; vocode sampled codes; resume files from an exported folder"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="resume files → official-layout folder, then one engine utterance")
     ex.add_argument("--dual-ar", type=Path, required=True, help="dual_ar_best.safetensors or dual_ar_resume…")
@@ -283,7 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--out", type=Path, required=True)
     ex.add_argument("--name", default="fishgate-default")
     ex.add_argument("--dtype", choices=tuple(DTYPES), default="fp16")
-    ex.add_argument("--frames-per-char-margin", type=float, default=2.0, help="× the corpus maximum")
+    ex.add_argument(
+        "--frames-per-char-margin", type=float, default=EXPORT_FRAMES_PER_CHAR_MARGIN, help="× the corpus maximum"
+    )
     ex.add_argument("--text-normalizer", default="english", help="what the DualAR was trained on ('none': raw text)")
     ex.add_argument("--text", default="Hello! This is the default voice of fishgate, speaking on a small CPU.")
     for name in SAMPLING_RANGES:
@@ -293,12 +329,19 @@ def main(argv: list[str] | None = None) -> None:
         help="the folder's default for Fish's request field; auto: false when the DualAR trained without a previous "
         "segment in its prompts (p_history 0), since such a model misreads one (issue 6: 28.2 → 20.9 %% WER)",
     )  # fmt: skip
+    rf = sub.add_parser("resume-from-folder", help="an exported folder → DualAR and codec resume files (weights only)")
+    rf.add_argument("folder", type=Path, help="e.g. model/default_model")
+    rf.add_argument("--out", type=Path, required=True, help="directory for the two resume files")
     vo = sub.add_parser("vocode", help="dual_ar_samples.npz → WAV files with the codec")
     vo.add_argument("--codec", type=Path, required=True)
     vo.add_argument("--samples", type=Path, required=True)
     vo.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
+    if args.command == "resume-from-folder":
+        for path in resumes_from_folder(args.folder, args.out):
+            print(path)
+        return
     if args.command == "vocode":
         codec = load_codec_from_resume(args.codec)
         args.out.mkdir(parents=True, exist_ok=True)

@@ -199,3 +199,33 @@ def test_the_history_default_follows_the_training_mix_unless_given() -> None:
     assert history_default("auto", never) is False and history_default("auto", often) is True
     assert history_default("auto", {}) is True  # unknown: Fish's default
     assert history_default("true", never) is True and history_default("false", often) is False
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_resume_files_from_an_exported_folder_rebuild_it(tmp_path) -> None:
+    """`resume-from-folder`: a shipped folder whose resume files are gone becomes resume files again — the DualAR's
+    loads strictly into the trainer's model, and `export` from both rebuilds the same weights and card."""
+    from model.config import DualARConfig
+    from model.dual_ar import DualARTransformer
+    from model.weights import read_safetensors
+    from training.checkpoints import byte_tokenizer, load_resume
+    from training.checkpoints import main as checkpoints_main
+
+    card = {"dual_ar_step": 12, "codec_step": 34, "sampling": {"condition_on_previous_chunks": False}}
+    folder = export(tmp_path, max_frames_per_char=7.0, extra_metadata=card).path
+    checkpoints_main(["resume-from-folder", str(folder), "--out", str(tmp_path / "resume")])
+    ar, codec = tmp_path / "resume" / "dual_ar_resume.safetensors", tmp_path / "resume" / "codec_resume.safetensors"
+    parts, meta = load_resume(ar)
+    assert meta["step"] == 12 and meta["dual_ar_config"] == DUAL_AR_TINY
+    trainer_model = DualARTransformer(
+        DualARConfig.from_dict(meta["dual_ar_config"]), byte_tokenizer().semantic_begin_id
+    )
+    trainer_model.load_state_dict(parts["model"], strict=True)  # what dual_ar_train --resume does
+    checkpoints_main(["export", "--dual-ar", str(ar), "--codec", str(codec), "--out", str(tmp_path / "again"),
+                      "--name", "test-voice", "--text", "Hi."])  # fmt: skip
+    for name in ("model.safetensors", "generator.safetensors"):
+        before, after = read_safetensors(folder / name), read_safetensors(tmp_path / "again" / name)
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before), name
+    again = json.loads((tmp_path / "again" / "fishgate.json").read_text())
+    assert again["max_frames_per_char"] == 7.0 and again["dual_ar_step"] == 12 and again["codec_step"] == 34
+    assert again["sampling"] == {"condition_on_previous_chunks": False}  # read alone, as the folder did
