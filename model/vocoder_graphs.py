@@ -3,7 +3,8 @@
 Eager decoding of a small chunk costs ~17 ms of launches on an H200 against ~2.7 ms replayed (bench/NOTES.md).
 A call with B sessions runs the graph of the smallest bucket ≥ B; the padding rows decode into spare state slots
 that no session owns (slots [n_sessions, n_sessions + padding)), so real streams are untouched. Graphs are captured
-on first use (or ahead of time with `capture`). On CPU this module is not used: the caller decodes eagerly.
+on first use or ahead of time with `capture` (the engine: one-row graphs at warm-up, the rest in idle time, see
+`missing`). On CPU this module is not used: the caller decodes eagerly.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class GraphedVocoder:
         self.compile_backend = compile_backend
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
+
+    def missing(self, frame_sizes: list[int]) -> list[tuple[int, int]]:
+        """(bucket, frames) graphs not captured yet for these chunk sizes, small buckets first."""
+        return [(b, f) for b in self.buckets for f in sorted(frame_sizes) if (b, f) not in self._graphs]
 
     def bucket(self, batch: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, batch)]

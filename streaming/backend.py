@@ -31,6 +31,7 @@ from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
+from .chunking import all_chunk_sizes
 from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
 
 log = logging.getLogger(__name__)
@@ -354,8 +355,18 @@ class Backend:
     def capture_idle_graph(self, row_positions: Sequence[int]) -> bool:
         """Capture one decode graph still missing (the worker calls this when it has nothing else to do), among those
         whose attention length covers every row's position now (`row_positions`: the worker's mirror); once none is,
-        one prefill graph still missing (with graph_prefill)."""
-        return self.stepper.capture_next(row_positions)
+        one prefill graph still missing (with graph_prefill); then one batched vocoder graph (warm-up captures the
+        one-row ones only). Otherwise each of those is captured on first use, in the middle of a turn: a stall of
+        every stream for its eager warm-up runs (~0.1–0.3 s at 64 rows on an H200). A vocoder capture writes spare
+        slots only (model.vocoder_graphs), so it is safe between turns."""
+        if self.stepper.capture_next(row_positions):
+            return True
+        if self.vocoder_graphs is not None:
+            missing = self.vocoder_graphs.missing(all_chunk_sizes())
+            if missing:
+                self.vocoder_graphs.capture(*missing[0])
+                return True
+        return False
 
     def gpu_memory_bytes(self) -> int:
         """Bytes the caching allocator holds on the engine's GPU (0 on CPU); safe to read from any thread."""

@@ -115,6 +115,7 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
     import time
 
     from streaming.backend import BackendConfig
+    from streaming.chunking import all_chunk_sizes
     from streaming.engine import Engine, EngineConfig
 
     async def run(up_front: int | None):
@@ -124,10 +125,12 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
             assert engine.wait_ready(300), engine.fault
             stepper = engine._worker.b.stepper
             at_ready = len(stepper._graphs)
-            deadline = time.monotonic() + 120
-            while stepper.missing_graphs() and time.monotonic() < deadline:
+            vocoder = engine._worker.b.vocoder_graphs
+            deadline = time.monotonic() + 180
+            while (stepper.missing_graphs() or vocoder.missing(all_chunk_sizes())) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert not stepper.missing_graphs()
+            assert not vocoder.missing(all_chunk_sizes()), "batched vocoder graphs are captured in idle time too"
             solo = await speak(engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=60)), *TEXTS)
             others = [engine.open_session(Voice(), SynthesisSettings(seed=50 + i)) for i in range(5)]
             for o in others:

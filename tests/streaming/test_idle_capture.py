@@ -57,3 +57,31 @@ def test_zero_keeps_capturing_at_once_when_idle() -> None:
         time.sleep(0.2)
         calls = [t for t in engine._worker.b.capture_calls if t >= end]
     assert calls and calls[0] - end < 0.15
+
+
+def test_idle_capture_takes_the_batched_vocoder_graphs_after_the_decode_graphs() -> None:
+    """Warm-up captures only one-row vocoder graphs; the batched ones would otherwise be captured on first use, in the
+    middle of a loaded turn. Once no decode or prefill graph is missing, each idle call captures one of them (small
+    buckets first), then reports nothing left. The GPU test (test_engine_gpu.py) checks the real graphs; here, on
+    CPU, where nothing is graph-captured, a recorder takes GraphedVocoder's place."""
+    from streaming.chunking import all_chunk_sizes
+
+    class VocoderGraphsRecorder:
+        def __init__(self) -> None:
+            self.captured: list[tuple[int, int]] = []
+
+        def missing(self, frame_sizes):
+            return [(b, f) for b in (2, 4) for f in frame_sizes if (b, f) not in self.captured]
+
+        def capture(self, bucket: int, frames: int) -> None:
+            self.captured.append((bucket, frames))
+
+    backend = Backend(BackendConfig(max_sessions=2))
+    assert backend.vocoder_graphs is None and not backend.capture_idle_graph([0, 0, 0])  # CPU: nothing to capture
+    recorder = VocoderGraphsRecorder()
+    backend.vocoder_graphs = recorder  # type: ignore[assignment]
+    calls = 0
+    while backend.capture_idle_graph([0, 0, 0]):
+        calls += 1
+    sizes = all_chunk_sizes()
+    assert calls == 2 * len(sizes) and recorder.captured == [(b, f) for b in (2, 4) for f in sizes]
