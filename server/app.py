@@ -30,6 +30,7 @@ from starlette.websockets import WebSocket
 
 from streaming.backend import BackendConfig
 from streaming.engine import Engine, EngineConfig, EngineState
+from streaming.worker import WorkerLimits
 
 from . import http_api
 from . import live_protocol as proto
@@ -132,6 +133,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 tune_single_row=settings.compile_tune_single_row == "on",
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             ),
+            WorkerLimits(admission_turn_fraction=settings.admission_turn_fraction),
             max_queued_chars=settings.max_queued_chars,
         )
     )

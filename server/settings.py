@@ -105,6 +105,13 @@ class Settings:
                   "requests get 503 before any work. Default: 2 x --max-sessions + 256",
                   "shown_default": "auto"},
     )  # fmt: skip
+    admission_turn_fraction: float | None = field(
+        default=None,
+        metadata={"help": "refuse new sessions (503 / close 1013, Retry-After) while the engine's turns average more "
+                  "than this share of a frame's 46 ms, i.e. while the streams already running fall behind real time; "
+                  "admit again below 0.8x that, or when the engine idles. E.g. 0.9; off by default (only "
+                  "--max-sessions limits admission)", "shown_default": "off"},
+    )  # fmt: skip
     max_reference_bytes: int = field(default=10 * 2**20, metadata={"help": "largest reference audio file"})
     idle_timeout_s: float = field(default=120.0, metadata={"help": "close a WebSocket silent for this long"})
     max_session_s: float = field(default=3600.0, metadata={"help": "wall-time cap of one WebSocket session"})
@@ -139,6 +146,8 @@ def _convert(name: str, raw: str) -> object:
         return int(raw)
     if kind in ("float",):
         return float(raw)
+    if kind == "float | None":
+        return None if raw.strip().lower() == "off" else float(raw)
     if "tuple" in str(kind):
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if "Path" in str(kind):
@@ -189,6 +198,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-queued-chars must be at least --max-text-chars (one request's text)")
     if settings.max_connections is not None and settings.max_connections < 1:
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
+    if settings.admission_turn_fraction is not None and not 0 < settings.admission_turn_fraction <= 2:
+        raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
     if settings.compile_tune_single_row not in ("on", "off"):
         raise SystemExit("fishgate: --compile-tune-single-row must be on or off")
     if settings.compile_vocoder not in ("on", "off"):

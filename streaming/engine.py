@@ -160,15 +160,18 @@ class Engine:
         if self.state is not EngineState.READY:
             raise NotReady(f"the engine is {self.state.value}; retry when /readyz says ready")
         loop = loop or asyncio.get_running_loop()
+        worker = self._worker
+        assert worker is not None
         with self._lock:
             if len(self._sessions) >= self.capacity:
                 raise Overloaded(
                     f"all {self.capacity} sessions are in use; retry later (--max-sessions sets the limit)"
                 )
+            behind = worker.admission.refusal()
+            if behind is not None:
+                raise Overloaded(behind)
             session = Session(voice, settings, self._send, loop, max_queued_chars=self.config.max_queued_chars)
             self._sessions[session.id] = session
-        worker = self._worker
-        assert worker is not None
         try:
             self._send(lambda: worker.add(session))
         except Overloaded:
@@ -247,6 +250,9 @@ class Engine:
             "prefill_seconds": round(s.prefill_s, 3),
             "step_seconds": round(s.step_s, 3),
             "vocode_seconds": round(s.vocode_s, 3),
+            # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
+            "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
+            "behind_real_time": int(w.admission.refusal() is not None),
         }
 
 

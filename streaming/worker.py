@@ -25,6 +25,7 @@ import torch
 from .backend import Backend, RowSampling, history_is_append
 from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, refill_size, split_tail
 from .errors import EngineFault, FishgateError, IncompatibleVoice, Overloaded, PromptTooLong
+from .realtime_admission import RealtimeAdmission
 from .rows import RowTable
 from .session import (
     AudioChunk,
@@ -70,6 +71,9 @@ class WorkerLimits:
     # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
     prefill_hold_below_s: float | None = 0.1
     prefill_hold_max_s: float = 0.25
+    # refuse new sessions while decoding turns average more than this share of a frame's duration, i.e. while the
+    # streams already running fall behind real time (streaming.realtime_admission). None = off.
+    admission_turn_fraction: float | None = None
 
 
 @dataclass
@@ -105,6 +109,9 @@ class Worker:
         self.free_prefix_rows = list(backend.prefix_rows)
         self.stats = WorkerStats()
         self.rate_hz = backend.info.sample_rate_hz
+        self.admission = RealtimeAdmission(
+            backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction
+        )
         self._prefill_held_since: float | None = None
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
@@ -228,12 +235,16 @@ class Worker:
         t1 = time.perf_counter()
         self._prefill_step()
         self.stats.prefill_s += time.perf_counter() - t1
-        if self.rows.active:
+        decoding = self.rows.active > 0
+        if decoding:
             self._decode_step()
         self._vocode_ready()
         self._flush_ended()
         self.stats.turns += 1
-        self.stats.turn_s += time.perf_counter() - t0
+        turn_s = time.perf_counter() - t0
+        self.stats.turn_s += turn_s
+        if decoding:
+            self.admission.record_turn(turn_s)
 
     def _start_segment(self, st: Stream) -> None:
         utt, text = st.pending.popleft()

@@ -160,6 +160,11 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     with pytest.raises(SystemExit, match="--max-queued-chars must be at least --max-text-chars"):
         parse_settings(["--max-queued-chars", "100"])
     assert parse_settings(["--max-queued-chars", "100", "--max-text-chars", "100"]).max_queued_chars == 100
+    assert parse_settings([]).admission_turn_fraction is None
+    assert parse_settings(["--admission-turn-fraction", "0.9"]).admission_turn_fraction == 0.9
+    assert parse_settings(["--admission-turn-fraction", "off"]).admission_turn_fraction is None
+    with pytest.raises(SystemExit, match="--admission-turn-fraction must be in"):
+        parse_settings(["--admission-turn-fraction", "3"])
     assert parse_settings([]).compile_tune_single_row == "on"
     assert parse_settings(["--compile-tune-single-row", "off"]).compile_tune_single_row == "off"
     with pytest.raises(SystemExit, match="--compile-tune-single-row must be on or off"):

@@ -249,6 +249,34 @@ def test_too_many_sessions_closes_1013_and_others_keep_streaming(tmp_path) -> No
         assert done.events[-1]["reason"] == "stop" and len(done.audio) > 0
 
 
+def test_behind_real_time_refuses_new_sessions_1013_until_the_engine_catches_up(tmp_path) -> None:
+    """--admission-turn-fraction: while the engine's decoding turns are slower than that share of a frame (here a
+    limit every CPU turn exceeds), a new session is refused with `overloaded` and 1013, its message naming the flag;
+    the running stream finishes whole; once the engine idles, sessions are admitted again."""
+    with start_server(tmp_path, max_sessions=4, admission_turn_fraction=0.001) as srv:
+
+        async def main():
+            async with open_live(srv.ws_url) as ws:
+                first = LiveClient(ws)
+                await first.start()
+                await first.send({"event": "text", "text": " ".join([TEXT] * 6)})
+                await first.send({"event": "flush"})
+                heard = LiveResult()
+                await first.read_until(heard, ("audio",))  # decoding turns are running now
+                refused = await session_with(srv, [{"event": "start", "request": {"text": ""}}])
+                await first.send({"event": "stop"})
+                done = LiveResult()
+                await first.wait_closed(done)
+            await asyncio.sleep(1.5)  # no decoding turn for longer than the guard's STALE_S
+            return refused, done, await speak(srv.ws_url, ["Admitted again."])
+
+        refused, done, later = run(main())
+        assert refused.error_codes == ["overloaded"] and refused.close_code == 1013
+        assert "--admission-turn-fraction" in refused.of("error")[0]["message"]
+        assert done.events[-1]["reason"] == "stop" and len(done.audio) > 0
+        assert later.events[-1]["reason"] == "stop" and len(later.audio) > 0
+
+
 def test_wrong_api_key_is_refused_with_1008(secured_server: ServerHandle) -> None:
     r = run(session_with(secured_server, [{"event": "start", "request": {}}]))
     assert r.error_codes == ["unauthorized"] and r.close_code == 1008

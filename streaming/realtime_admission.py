@@ -1,0 +1,55 @@
+"""Admission by real-time headroom: refuse new sessions while the engine's turns are too slow for real time.
+
+One worker turn advances every decoding stream by one frame of audio (46.4 ms at 44.1 kHz). When a turn takes
+longer than that, every stream falls behind real time and every client underruns (H200 run 14: 256 steady streams,
+44 ms turns for 173 decoding rows, all 512 requests underran). `--max-sessions` cannot know that point, which moves
+with text lengths, voices and chunk sizes; this guard watches it. The worker records each turn that decoded; while
+their running average exceeds `max_turn_fraction` of a frame, new sessions are refused (Overloaded, 503 / 1013 with
+Retry-After) so the streams already running keep real time. It admits again once the average is back under
+`RESUME_RATIO` of that limit (hysteresis), or once no decoding turn has run for `STALE_S` (the engine went idle).
+Off unless configured (`--admission-turn-fraction`).
+"""
+
+from __future__ import annotations
+
+import time
+
+SMOOTHING = 0.2  # weight of the newest turn in the running average (~5 turns, a quarter of a second under load)
+RESUME_RATIO = 0.8  # admit again below this share of the limit
+STALE_S = 1.0  # no decoding turn for this long: the average no longer describes the engine
+
+
+class RealtimeAdmission:
+    def __init__(self, frame_s: float, max_turn_fraction: float | None) -> None:
+        if max_turn_fraction is not None and not 0 < max_turn_fraction <= 2:
+            raise ValueError(f"max_turn_fraction must be in (0, 2], got {max_turn_fraction}")
+        self.frame_s = frame_s
+        self.limit_s = None if max_turn_fraction is None else max_turn_fraction * frame_s
+        self.turn_avg_s = 0.0
+        self.behind = False
+        self._last_turn_at = -float("inf")
+
+    def record_turn(self, seconds: float, now: float | None = None) -> None:
+        """A turn that decoded took `seconds` (worker thread)."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_turn_at > STALE_S:
+            self.turn_avg_s = seconds  # the first turn after a pause starts the average afresh
+        else:
+            self.turn_avg_s += SMOOTHING * (seconds - self.turn_avg_s)
+        self._last_turn_at = now
+        if self.limit_s is not None:
+            if self.turn_avg_s > self.limit_s:
+                self.behind = True
+            elif self.turn_avg_s < RESUME_RATIO * self.limit_s:
+                self.behind = False
+
+    def refusal(self, now: float | None = None) -> str | None:
+        """Why a new session must wait now, or None to admit it (any thread: reads two attributes)."""
+        now = time.monotonic() if now is None else now
+        if self.limit_s is None or not self.behind or now - self._last_turn_at > STALE_S:
+            return None
+        return (
+            f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for {self.frame_s * 1e3:.0f} "
+            "ms of audio per stream, so new sessions wait until it catches up; retry later "
+            "(--admission-turn-fraction sets the limit)"
+        )

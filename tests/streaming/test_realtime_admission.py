@@ -1,0 +1,53 @@
+"""Admission by real-time headroom (streaming.realtime_admission): the running average of decoding turns against a
+share of a frame's duration, with hysteresis, and forgotten when the engine idles. The live-server behaviour is
+tests/server/test_live_protocol.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from streaming.realtime_admission import RESUME_RATIO, STALE_S, RealtimeAdmission
+
+FRAME_S = 2048 / 44100
+
+
+def feed(guard: RealtimeAdmission, turn_s: float, n: int, start: float, every_s: float = 0.05) -> float:
+    t = start
+    for _ in range(n):
+        t += every_s
+        guard.record_turn(turn_s, now=t)
+    return t
+
+
+def test_refuses_while_turns_are_slower_than_the_limit_and_admits_with_hysteresis() -> None:
+    guard = RealtimeAdmission(FRAME_S, 0.9)
+    limit = 0.9 * FRAME_S
+    t = feed(guard, 0.5 * limit, 20, 0.0)
+    assert guard.refusal(now=t) is None
+    t = feed(guard, 1.5 * limit, 20, t)  # the average climbs past the limit
+    message = guard.refusal(now=t)
+    assert message is not None and "behind real time" in message and "--admission-turn-fraction" in message
+    # just under the limit is not enough to admit again (hysteresis) ...
+    t = feed(guard, 0.95 * limit, 40, t)
+    assert guard.refusal(now=t) is not None
+    # ... below RESUME_RATIO of it is
+    t = feed(guard, 0.5 * RESUME_RATIO * limit, 40, t)
+    assert guard.refusal(now=t) is None
+
+
+def test_an_idle_engine_admits_and_restarts_its_average() -> None:
+    guard = RealtimeAdmission(FRAME_S, 0.9)
+    t = feed(guard, 2 * FRAME_S, 10, 0.0)
+    assert guard.refusal(now=t) is not None
+    assert guard.refusal(now=t + STALE_S + 0.01) is None  # no decoding turn for a while: the average is stale
+    guard.record_turn(0.1 * FRAME_S, now=t + 5)  # the first turn after the pause starts the average afresh
+    assert guard.turn_avg_s == pytest.approx(0.1 * FRAME_S) and guard.refusal(now=t + 5) is None
+
+
+def test_off_never_refuses_and_bad_limits_are_refused() -> None:
+    guard = RealtimeAdmission(FRAME_S, None)
+    t = feed(guard, 10 * FRAME_S, 10, 0.0)
+    assert guard.refusal(now=t) is None and guard.turn_avg_s > FRAME_S  # still measured (for /metrics)
+    for bad in (0.0, -1.0, 2.5):
+        with pytest.raises(ValueError, match="max_turn_fraction"):
+            RealtimeAdmission(FRAME_S, bad)
