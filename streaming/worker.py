@@ -235,15 +235,13 @@ class Worker:
         t1 = time.perf_counter()
         self._prefill_step()
         self.stats.prefill_s += time.perf_counter() - t1
-        decoding = self.rows.active > 0
-        if decoding:
-            self._decode_step()
+        decoded = self._decode_step() if self.rows.active else False
         self._vocode_ready()
         self._flush_ended()
         self.stats.turns += 1
         turn_s = time.perf_counter() - t0
         self.stats.turn_s += turn_s
-        if decoding:
+        if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
             self.admission.record_turn(turn_s)
 
     def _start_segment(self, st: Stream) -> None:
@@ -406,7 +404,8 @@ class Worker:
             self._apply_swaps(self.rows.activate(st.session.id))
             self._accept_frame(st, frame)
 
-    def _decode_step(self) -> None:
+    def _decode_step(self) -> bool:
+        """Advance every active row whose client is not back-pressured; False when none could advance."""
         active = self.rows.active
         owners = [self.rows.owner[r] for r in range(active)]
         streams = [self.streams[sid] for sid in owners if sid is not None]
@@ -434,6 +433,7 @@ class Worker:
             if not st.closed and stalled_s > self.limits.stall_timeout_s:
                 log.warning("session %s: client read nothing for %.0f s; closing", st.session.id, stalled_s)
                 self._fail(st, _StallTimeout(), fatal=True)
+        return any(commit)
 
     def _stalled(self, st: Stream, now: float) -> bool:
         if st.session.undelivered_samples / self.rate_hz <= self.limits.max_undelivered_s:

@@ -51,3 +51,30 @@ def test_off_never_refuses_and_bad_limits_are_refused() -> None:
     for bad in (0.0, -1.0, 2.5):
         with pytest.raises(ValueError, match="max_turn_fraction"):
             RealtimeAdmission(FRAME_S, bad)
+
+
+def test_turns_that_only_wait_for_back_pressured_clients_do_not_count() -> None:
+    """A client that stops reading stalls its stream; the worker's turns then only nap (idle_wait_s, 50 ms): slower
+    than the limit here, yet the engine is not behind real time, so new sessions must not be refused for it."""
+    import asyncio
+    import time
+
+    from streaming.session import SynthesisSettings, Voice
+    from tests.streaming.engine_helpers import running_engine
+
+    async def main() -> tuple[bool, str | None]:
+        with running_engine(max_sessions=2, max_undelivered_s=0.05, admission_turn_fraction=0.5) as engine:
+            session = engine.open_session(Voice(), SynthesisSettings(seed=1))
+            session.speak("A long sentence that nobody reads, " * 8)
+            session.end_utterance()  # and never read: the stream stalls after 0.05 s of audio
+            worker = engine._worker
+            deadline = time.monotonic() + 60
+            while not any(st.stalled_since is not None for st in worker.streams.values()):
+                assert time.monotonic() < deadline, "the stream never stalled"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.5)  # stalled turns only, for longer than STALE_S
+            stalled = any(st.stalled_since is not None for st in worker.streams.values())
+            return stalled, worker.admission.refusal()
+
+    stalled, refusal = asyncio.run(main())
+    assert stalled and refusal is None
