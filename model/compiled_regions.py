@@ -37,10 +37,11 @@ Backend = str | Callable[..., Any]  # a torch.compile backend: "inductor", "eage
 class _State(threading.local):
     backend: Backend | None = None
     tuned: bool = False
+    symbolic_batch: int | None = None
 
 
 _state = _State()
-_compiled: dict[tuple[Callable[..., Any], Backend, bool], Callable[..., Any]] = {}
+_compiled: dict[tuple[Callable[..., Any], Backend, bool, bool], Callable[..., Any]] = {}
 _failed: set[tuple[Callable[..., Any], tuple[Any, ...]]] = set()  # (region, call signature) pairs that failed
 _dynamic_regions: set[Callable[..., Any]] = set()  # regions declared with dynamic dims
 _lock = threading.Lock()
@@ -57,15 +58,20 @@ TUNED_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"coordinate_d
 
 
 @contextlib.contextmanager
-def compiled(backend: Backend | None, tuned: bool = False) -> Iterator[None]:
+def compiled(backend: Backend | None, tuned: bool = False, symbolic_batch: int | None = None) -> Iterator[None]:
     """Regions called inside run compiled with `backend` ("inductor"; "eager" only traces); None = eagerly.
-    `tuned` compiles them with TUNED_OPTIONS (inductor only): for one-row shapes, where GEMVs dominate."""
-    saved = _state.backend, _state.tuned
-    _state.backend, _state.tuned = backend, tuned
+    `tuned` compiles them with TUNED_OPTIONS (inductor only): for one-row shapes, where GEMVs dominate.
+    `symbolic_batch` = B (≥ 2): dim 0 of every tensor argument of size B is compiled as a symbolic size, in a variant
+    shared by every such B, so large batch buckets cost one compilation per remaining shape (the attention length),
+    not one per bucket and length."""
+    if symbolic_batch is not None and symbolic_batch < 2:
+        raise ValueError(f"symbolic_batch must be at least 2 (dynamo specialises sizes 0 and 1), got {symbolic_batch}")
+    saved = _state.backend, _state.tuned, _state.symbolic_batch
+    _state.backend, _state.tuned, _state.symbolic_batch = backend, tuned, symbolic_batch
     try:
         yield
     finally:
-        _state.backend, _state.tuned = saved
+        _state.backend, _state.tuned, _state.symbolic_batch = saved
 
 
 def active_backend() -> Backend | None:
@@ -90,14 +96,19 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
         backend = _state.backend
         if backend is None:
             return fn(*args, **kwargs)
+        symbolic = _state.symbolic_batch
         if not _options["static_shapes"]:
             for index, dims in (dynamic_dims or {}).items():
                 for dim in dims:
                     torch._dynamo.maybe_mark_dynamic(args[index], dim)
+            if symbolic is not None:
+                for a in (*args, *kwargs.values()):
+                    if isinstance(a, torch.Tensor) and a.ndim > 0 and a.shape[0] == symbolic:
+                        torch._dynamo.maybe_mark_dynamic(a, 0)
         if _failed and (fn, _signature(args, kwargs)) in _failed:  # the signature only once something failed
             return fn(*args, **kwargs)
         try:
-            return _compiled_fn(fn, backend, _state.tuned)(*args, **kwargs)
+            return _compiled_fn(fn, backend, _state.tuned, symbolic is not None)(*args, **kwargs)
         except Exception as e:  # a compiler failure: run eagerly (a genuine error raises again from the eager call)
             if not _is_compile_error(e):
                 raise
@@ -112,10 +123,11 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
     return call
 
 
-def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool) -> Callable[..., Any]:
+def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool, symbolic_batch: bool) -> Callable[..., Any]:
     tuned = tuned and backend == "inductor" and _options["mode"] is None
+    symbolic_batch = symbolic_batch and not _options["static_shapes"]
     with _lock:
-        out = _compiled.get((fn, backend, tuned))
+        out = _compiled.get((fn, backend, tuned, symbolic_batch))
         if out is None:
             config = torch._dynamo.config
             for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
@@ -123,13 +135,13 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool) -> Calla
                     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
             # inductor warns at every split softmax reduction (the 102,048-token vocabulary): noise in a server log
             warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", category=UserWarning)
-            symbolic = fn in _dynamic_regions and not _options["static_shapes"]
+            symbolic = (fn in _dynamic_regions or symbolic_batch) and not _options["static_shapes"]
             dynamic = None if symbolic else False  # None: the dims marked dynamic, the rest static
             out = torch.compile(
                 fn, backend=backend, mode=_options["mode"], options=TUNED_OPTIONS if tuned else None, fullgraph=True,
                 dynamic=dynamic,
             )  # fmt: skip
-            _compiled[(fn, backend, tuned)] = out
+            _compiled[(fn, backend, tuned, symbolic_batch)] = out
         return out
 
 

@@ -14,6 +14,7 @@ Segment-first frames and (optionally) prefill passes also run through static buf
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -85,12 +86,15 @@ class DecodeStepper:
         compile_backend: str | None = None,
         compile_max_batch: int | None = None,
         tune_single_row: bool = False,
+        symbolic_batch_above: int | None = None,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing) runs the step's regions compiled (see
         model.compiled_regions) for batch buckets up to `compile_max_batch` (default: all); each region compiles
         once per shape, on its first use or capture. `tune_single_row` compiles the one-row bucket's regions with
-        `compiled_regions.TUNED_OPTIONS` (GEMVs as tuned Triton reductions; CUDA devices only). Inductor's on-disk
-        cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes later starts cheaper.
+        `compiled_regions.TUNED_OPTIONS` (GEMVs as tuned Triton reductions; CUDA devices only). Compiled buckets
+        above `symbolic_batch_above` rows share one compilation per remaining shape with a symbolic batch size
+        (None: every bucket static). Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, set by the caller) makes
+        later starts cheaper.
         `fixed_batch`: every graph-captured step runs all `max_batch` rows (batch-invariant mode on a GPU, where the
         kernels cuBLAS picks, and so a row's rounding, depend on the batch size).
         `first_frame_scratch_row`: a row no stream reads while first frames are sampled; given, `start_segments` runs
@@ -155,6 +159,7 @@ class DecodeStepper:
         self.compile_backend = compile_backend
         self.compile_max_batch = compile_max_batch or n_rows
         self.tune_single_row = tune_single_row and device.type == "cuda"
+        self.symbolic_batch_above = symbolic_batch_above
 
     # ---- row state (host calls, outside graphs) ----------------------------------------------------------------------
     def set_sampling(self, row: int, s: RowSampling) -> None:
@@ -239,7 +244,7 @@ class DecodeStepper:
 
     def _run_first_frames(self, bucket: int) -> None:
         rows, positions = self._ff_rows[:bucket], self._ff_positions[:bucket]
-        with compiled(self._compile_backend_for(bucket), tuned=self._tuned_for(bucket)):
+        with self._compiled_for(bucket):
             out = self._first_frames(rows, self._ff_logits[:bucket], self._ff_hidden[:bucket], positions)
         self._ff_out[:bucket] = out
 
@@ -320,12 +325,17 @@ class DecodeStepper:
     def _compile_backend_for(self, rows: int) -> str | None:
         return self.compile_backend if rows <= self.compile_max_batch else None
 
-    def _tuned_for(self, rows: int) -> bool:
-        return self.tune_single_row and rows == 1
+    def _compiled_for(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        """How a bucket's regions run: eagerly, compiled static, tuned (one row) or with a symbolic batch."""
+        above = self.symbolic_batch_above
+        symbolic = rows if above is not None and rows > max(above, 1) else None
+        return compiled(
+            self._compile_backend_for(rows), tuned=self.tune_single_row and rows == 1, symbolic_batch=symbolic
+        )
 
     def _run_step(self, rows: int, attn_len: int) -> None:
         """The step for one bucket: its regions compiled where asked for, else eager PyTorch."""
-        with compiled(self._compile_backend_for(rows), tuned=self._tuned_for(rows)):
+        with self._compiled_for(rows):
             self._step_impl(rows, attn_len)
 
     @torch.inference_mode()

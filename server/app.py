@@ -131,6 +131,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 compile_max_batch=settings.compile_max_batch,
                 compile_vocoder=settings.compile_vocoder == "on",
                 tune_single_row=settings.compile_tune_single_row == "on",
+                compile_symbolic_batch_above=settings.compile_symbolic_batch_above,
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             ),
             WorkerLimits(admission_turn_fraction=settings.admission_turn_fraction),

@@ -64,6 +64,12 @@ class Settings:
                   "GEMVs as fused Triton kernels (with --compile-max-batch; H200 run 14: batch-1 step 3.28 -> 2.64 ms, "
                   "about a minute more of compile per context bucket on an empty --compile-cache-dir)"},
     )  # fmt: skip
+    compile_symbolic_batch_above: int = field(
+        default=8,
+        metadata={"help": "with --compile-max-batch above this, the larger buckets compile with a symbolic batch "
+                  "size: one compilation per attention length for all of them instead of one per bucket and length "
+                  "(not yet measured on a GPU; set it to --compile-max-batch or more for static shapes everywhere)"},
+    )  # fmt: skip
     compile_vocoder: str = field(
         default="off",
         metadata={"help": "on | off: torch.compile the streaming vocoder's chunk decode before its CUDA graphs are "
@@ -200,6 +206,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
     if settings.admission_turn_fraction is not None and not 0 < settings.admission_turn_fraction <= 2:
         raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
+    if settings.compile_symbolic_batch_above < 1:
+        raise SystemExit("fishgate: --compile-symbolic-batch-above must be at least 1 (dynamo specialises one row)")
     if settings.compile_tune_single_row not in ("on", "off"):
         raise SystemExit("fishgate: --compile-tune-single-row must be on or off")
     if settings.compile_vocoder not in ("on", "off"):

@@ -95,6 +95,11 @@ class BackendConfig:
     # TUNED_OPTIONS: its GEMVs become fused Triton reductions). Run 14, H200: batch-1 step 3.28 → 2.64 ms, its
     # compile 16 → 66 s on an empty cache (per attention-length bucket used at batch 1), cached after
     tune_single_row: bool = True
+    # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
+    # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
+    # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
+    # for the decode step yet. ≥ compile_max_batch: every bucket static
+    compile_symbolic_batch_above: int = 8
     # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
     # CUDA graphs only; the CPU decodes eagerly). Off: run 13 on the H200, batch and frames symbolic (the only way
     # the engine's 42 graph shapes share compilations), 1 × 8 frames 2.65 → 2.16 ms and 938 → 1,079× real time at
@@ -193,6 +198,7 @@ class Backend:
             compile_backend="inductor" if self.compile_max_batch > 0 else None,
             compile_max_batch=self.compile_max_batch or None,
             tune_single_row=config.tune_single_row,
+            symbolic_batch_above=config.compile_symbolic_batch_above,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)

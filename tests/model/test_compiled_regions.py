@@ -199,9 +199,9 @@ def test_the_stepper_tunes_only_the_one_row_bucket(monkeypatch: pytest.MonkeyPat
     seen = []
     real_compiled = stepper_module.compiled
 
-    def spy(backend, tuned=False):  # type: ignore[no-untyped-def]
+    def spy(backend, tuned=False, symbolic_batch=None):  # type: ignore[no-untyped-def]
         seen.append((backend, tuned))
-        return real_compiled(backend, tuned=tuned)
+        return real_compiled(backend, tuned=tuned, symbolic_batch=symbolic_batch)
 
     monkeypatch.setattr(stepper_module, "compiled", spy)
     model = make_model("gqa_fast_project")
@@ -216,4 +216,47 @@ def test_the_stepper_tunes_only_the_one_row_bucket(monkeypatch: pytest.MonkeyPat
         stepper.commit[:rows] = True
         stepper.step(rows, int(stepper.pos[:rows].max()))
         assert seen == [("eager", tuned)], rows
+    compiled_regions.reset()
+
+
+def test_symbolic_batch_buckets_share_compilations_and_decode_the_same_frames() -> None:
+    """Buckets above `symbolic_batch_above` compile with a symbolic batch: buckets 2 and 4 share one compilation of
+    each region instead of one each (counted by a tracing backend), and decode exactly the eager frames."""
+    compiles: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        compiles.append(1)
+        return gm.forward
+
+    model = make_model("gqa_fast_project")
+    expected = {n: run_stepper(DecodeStepper(model, 4, max_seq_len=64, length_buckets=[64]), n, 3) for n in (2, 3)}
+    counts = {}
+    for above in (None, 1):
+        compiled_regions.reset()
+        compiles.clear()
+        for n in (2, 3):  # buckets 2 and 4
+            stepper = DecodeStepper(
+                model, 4, max_seq_len=64, length_buckets=[64], compile_backend=counting,  # type: ignore[arg-type]
+                symbolic_batch_above=above,
+            )  # fmt: skip
+            assert torch.equal(run_stepper(stepper, n, 3), expected[n]), (above, n)
+        counts[above] = len(compiles)
+    assert compiled_regions.failed_regions() == []
+    assert counts[1] < counts[None], counts
+    compiled_regions.reset()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_inductor_symbolic_batch_decodes_the_same_frames() -> None:
+    """Inductor's CPU code with a symbolic batch (fp32): the greedy row's frames equal eager's, the sampled rows'
+    nearly all (fused kernels round differently)."""
+    model = make_model("gqa_fast_project")
+    expected = run_stepper(DecodeStepper(model, 4, max_seq_len=64, length_buckets=[64]), 3, 4)
+    stepper = DecodeStepper(
+        model, 4, max_seq_len=64, length_buckets=[64], compile_backend="inductor", symbolic_batch_above=1
+    )
+    got = run_stepper(stepper, 3, 4)
+    assert compiled_regions.failed_regions() == []
+    assert torch.equal(got[:, 0], expected[:, 0])
+    assert (got == expected).float().mean() >= 0.9
     compiled_regions.reset()

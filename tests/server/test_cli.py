@@ -165,6 +165,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--admission-turn-fraction", "off"]).admission_turn_fraction is None
     with pytest.raises(SystemExit, match="--admission-turn-fraction must be in"):
         parse_settings(["--admission-turn-fraction", "3"])
+    assert parse_settings([]).compile_symbolic_batch_above == 8
+    assert parse_settings(["--compile-symbolic-batch-above", "512"]).compile_symbolic_batch_above == 512
+    with pytest.raises(SystemExit, match="--compile-symbolic-batch-above must be at least 1"):
+        parse_settings(["--compile-symbolic-batch-above", "0"])
     assert parse_settings([]).compile_tune_single_row == "on"
     assert parse_settings(["--compile-tune-single-row", "off"]).compile_tune_single_row == "off"
     with pytest.raises(SystemExit, match="--compile-tune-single-row must be on or off"):
