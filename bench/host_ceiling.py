@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.turn_attribution import attribution, counters_from_text  # noqa: E402
-from model.stepper import decode_batch_buckets  # noqa: E402
+from model.stepper import decode_batch_buckets, power_of_two_buckets  # noqa: E402
 from streaming.backend import Backend, BackendConfig  # noqa: E402
 from streaming.worker import WorkerLimits  # noqa: E402
 
@@ -118,9 +118,14 @@ class TimedStandIn(Backend):
         groups: dict[int, int] = {}
         for c in codes:
             groups[c.shape[1]] = groups.get(c.shape[1], 0) + 1
+        buckets = power_of_two_buckets(self.vocoder_batch)  # the GPU's vocoder graphs run padded to these
         for frames, rows in groups.items():  # one call per chunk length and per ≤ 64 rows, as the real backend
             for start in range(0, rows, self.vocoder_batch):
-                time.sleep(vocoder_ms(min(self.vocoder_batch, rows - start), frames) / 1e3)
+                n = min(self.vocoder_batch, rows - start)
+                padded = buckets[bisect.bisect_left(buckets, n)]
+                time.sleep(vocoder_ms(padded, frames) / 1e3)
+                self.vocode_calls += 1
+                self.vocode_frames_run += padded * frames
         spf = self.info.samples_per_frame
         return [np.zeros(c.shape[1] * spf, dtype=np.float32) for c in codes]
 

@@ -1,8 +1,9 @@
 """Where the engine's turns went during one load level: /metrics before and after → per-turn milliseconds by phase.
 
 Reads two Prometheus text dumps of `fishgate serve` (the `fishgate_engine{what=...}` counters: turns, turn_seconds,
-prefill_seconds, step_seconds, vocode_seconds, steps, frames) and prints one table row: turns, ms per turn, the
-share of prefill, decode step, vocoder and the rest (scheduling and event posting), and frames per step.
+prefill_seconds, step_seconds, vocode_seconds, steps, frames, vocode_calls, vocode_frames_run, vocoded_frames) and
+prints one table row: turns, ms per turn, the share of prefill, decode step, vocoder and the rest (scheduling and
+event posting), frames per step, vocoder calls per turn and the share of vocoded frames that were graph padding.
 
     python bench/turn_attribution.py before.txt after.txt --level 256
 """
@@ -40,6 +41,9 @@ def attribution(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "turns": d.get("turns", 0.0), "turn_ms": 1000 * turn_s / turns,
         **{f"{k}_ms": 1000 * v / turns for k, v in parts.items()}, "rest_ms": 1000 * rest / turns,
         "frames_per_step": d.get("frames", 0.0) / max(d.get("steps", 0.0), 1.0),
+        "vocode_calls_per_turn": d.get("vocode_calls", 0.0) / turns,
+        # share of the frames the vocoder ran that were graph padding (0 where the server predates the counter)
+        "vocode_padding": 1 - d.get("vocoded_frames", 0.0) / d["vocode_frames_run"] if d.get("vocode_frames_run") else 0.0,
     }  # fmt: skip
 
 
@@ -53,7 +57,8 @@ def main() -> None:
     print(
         f"level {args.level}: {a['turns']:.0f} turns, {a['turn_ms']:.1f} ms/turn = prefill {a['prefill_ms']:.1f} + "
         f"step {a['step_ms']:.1f} + vocode {a['vocode_ms']:.1f} + rest {a['rest_ms']:.1f}; "
-        f"{a['frames_per_step']:.1f} frames/step"
+        f"{a['frames_per_step']:.1f} frames/step; {a['vocode_calls_per_turn']:.2f} vocoder calls/turn, "
+        f"{100 * a['vocode_padding']:.0f} % of vocoded frames padding"
     )
 
 

@@ -140,6 +140,10 @@ class Backend:
             torch.set_num_threads(config.cpu_threads)  # process-wide: the engine is the process's torch user
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.timings_s: dict[str, float] = {}
+        # vocoder calls made and the frames they ran, padding rows of graph buckets included (worker thread only;
+        # against the frames the worker asked for, the share of vocoder work spent on padding)
+        self.vocode_calls = 0
+        self.vocode_frames_run = 0
 
         t0 = time.perf_counter()
         loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len)
@@ -328,6 +332,9 @@ class Backend:
                 slots_t = torch.tensor([slots[i] for i in batch], device=self.device)
                 decode = self.vocoder_graphs.decode if self.vocoder_graphs is not None else self.vocoder.decode
                 audio = decode(codes_t, slots_t).float().cpu().numpy()
+                rows_run = self.vocoder_graphs.bucket(len(batch)) if self.vocoder_graphs is not None else len(batch)
+                self.vocode_calls += 1
+                self.vocode_frames_run += rows_run * codes_t.shape[-1]  # graph padding rows included
                 for j, i in enumerate(batch):
                     out[i] = audio[j]
         return [a for a in out if a is not None]

@@ -250,6 +250,8 @@ class Engine:
             "prefill_seconds": round(s.prefill_s, 3),
             "step_seconds": round(s.step_s, 3),
             "vocode_seconds": round(s.vocode_s, 3),
+            "vocode_calls": w.b.vocode_calls,
+            "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
             # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
             "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
             "behind_real_time": int(w.admission.refusal() is not None),

@@ -43,3 +43,32 @@ def test_the_engine_speaks_whole_utterances_on_the_stand_in() -> None:
         assert utt.done is not None and utt.done.reason == "stop" and not utt.errors
         # random codes never end early: every stream runs to max_new_tokens, all of it vocoded
         assert utt.codes.shape[1] == 30 and len(utt.pcm) == 30 * 2048 == utt.done.audio_samples
+
+
+def test_turn_attribution_reports_vocoder_calls_and_padding_from_the_engines_counters() -> None:
+    """bench/turn_attribution.py reads the engine's vocoder counters from /metrics: calls per turn, and the share of
+    the frames the vocoder ran that were graph padding (frames run − frames asked for)."""
+    from bench.turn_attribution import attribution, counters_from_text
+    from streaming.session import SynthesisSettings, Voice
+    from tests.streaming.engine_helpers import running_engine, speak
+
+    def dump(stats: dict) -> str:
+        return "\n".join(f'fishgate_engine{{what="{k}"}} {v}' for k, v in stats.items() if isinstance(v, int | float))
+
+    async def main() -> tuple[dict, dict]:
+        with running_engine(max_sessions=2) as engine:
+            before = engine.stats()
+            await speak(engine.open_session(Voice(), SynthesisSettings(seed=4, max_new_tokens=30)), "Counting calls.")
+            return before, engine.stats()
+
+    before, after = asyncio.run(main())
+    assert after["vocode_calls"] > before["vocode_calls"]
+    assert (
+        after["vocode_frames_run"] - before["vocode_frames_run"] == after["vocoded_frames"] - before["vocoded_frames"]
+    )
+    a = attribution(counters_from_text(dump(before)), counters_from_text(dump(after)))
+    assert a["vocode_calls_per_turn"] > 0 and a["vocode_padding"] == 0.0  # CPU: no graphs, so no padding rows
+    padded = dict(
+        after, vocode_frames_run=after["vocode_frames_run"] + (after["vocoded_frames"] - before["vocoded_frames"])
+    )
+    assert attribution(counters_from_text(dump(before)), counters_from_text(dump(padded)))["vocode_padding"] == 0.5
