@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.turn_attribution import attribution, counters_from_text  # noqa: E402
-from model.stepper import decode_batch_buckets, power_of_two_buckets  # noqa: E402
+from model.stepper import decode_batch_buckets  # noqa: E402
 from streaming.backend import Backend, BackendConfig  # noqa: E402
 from streaming.worker import WorkerLimits  # noqa: E402
 
@@ -118,7 +118,7 @@ class TimedStandIn(Backend):
         groups: dict[int, int] = {}
         for c in codes:
             groups[c.shape[1]] = groups.get(c.shape[1], 0) + 1
-        buckets = power_of_two_buckets(self.vocoder_batch)  # the GPU's vocoder graphs run padded to these
+        buckets = self.vocoder_buckets  # the GPU's vocoder graphs run padded to these
         for frames, rows in groups.items():  # one call per chunk length and per ≤ 64 rows, as the real backend
             for start in range(0, rows, self.vocoder_batch):
                 n = min(self.vocoder_batch, rows - start)
@@ -147,15 +147,17 @@ class TimedStandIn(Backend):
 
 # ---- the server process ------------------------------------------------------------------------------------------------
 def serve(argv: list[str]) -> int:
-    """`fishgate serve` arguments after a JSON object of WorkerLimits fields (the engine knobs this bench compares)."""
+    """`fishgate serve` arguments after a JSON object {"limits": WorkerLimits fields, "backend": BackendConfig
+    fields} (the engine knobs this bench compares)."""
     from server import cli
     from server.settings import build_parser, settings_from
     from streaming.engine import Engine, EngineConfig
 
-    limits = WorkerLimits(**json.loads(argv[0]))
+    spec = json.loads(argv[0])
+    limits = WorkerLimits(**spec["limits"])
     args = build_parser(argparse.ArgumentParser()).parse_args(argv[1:])
     settings = settings_from(args)
-    config = BackendConfig(max_sessions=settings.max_sessions, max_seq_len=settings.max_seq_len)
+    config = BackendConfig(max_sessions=settings.max_sessions, max_seq_len=settings.max_seq_len, **spec["backend"])
     return cli.serve(args, Engine(EngineConfig(config, limits, backend_factory=TimedStandIn)))
 
 
@@ -233,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--profile-level", type=int, help="py-spy the server during this level")
     parser.add_argument("--profile-s", type=float, default=10.0)
+    parser.add_argument(
+        "--half-step-vocoder-buckets", action="store_true", help="BackendConfig.vocoder_half_step_buckets"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -240,11 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     write_texts(texts)
     limits = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.limit)}
     WorkerLimits(**limits)  # unknown fields fail here, not in the server
+    backend = {"vocoder_half_step_buckets": True} if args.half_step_vocoder_buckets else {}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", json.dumps(limits), "--port", str(port),
+        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend}), "--port", str(port),
          "--max-sessions", str(args.max_sessions), "--max-seq-len", "1024", "--rate-limit-per-min", "1000000",
          "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

@@ -44,6 +44,17 @@ def power_of_two_buckets(limit: int) -> list[int]:
     return out
 
 
+def half_step_buckets(limit: int) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, … (powers of two and 1.5× each) up to and including `limit`: a call padded to the
+    next bucket runs under a third of padding rows instead of up to a half (33 rows: 48 instead of 64)."""
+    sizes = set(power_of_two_buckets(limit))
+    b = 2
+    while b * 3 // 2 < limit:
+        sizes.add(b * 3 // 2)
+        b *= 2
+    return sorted(sizes)
+
+
 # Above this many rows a decode graph also comes at 1.5× each power of two (128, 192, 256, 384, 512, 768, …): a step's
 # cost grows with its rows, and 300 streams padded to a 512-row graph ran ~8 ms a step for padding (H200: 27.7 ms at
 # 512 rows against ~20 ms interpolated at 384); three more graphs per length bucket up to 1,024 rows.

@@ -25,7 +25,7 @@ from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
 from model.prompt import PromptBuilder, history_is_append
-from model.stepper import DecodeStepper, RowSampling, power_of_two_buckets
+from model.stepper import DecodeStepper, RowSampling, half_step_buckets, power_of_two_buckets
 from model.text_normalize import get_normalizer
 from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
@@ -111,6 +111,11 @@ class BackendConfig:
     # kernels, 1 × 8 frames 2.68 → 2.26 ms but 64 × 24 frames 80 → 272 ms (two cuDNN grouped-direct convolutions,
     # 183 ms, not identified yet); compiled with static shapes 1.68 ms and 240 ms
     vocoder_channels_last: bool = False
+    # vocoder graph batch buckets at 1.5× each power of two too (1, 2, 3, 4, 6, 8, 12, …, 64: 12 buckets instead of
+    # 7, so 72 graphs instead of 42, the extra ones captured in idle time): a call pads fewer rows. On the stand-in
+    # device (bench/host_ceiling.py, 256 steady streams) padding fell from 17.6 to 7.2 % of vocoded frames and the
+    # vocoder's time per turn by 8 %. Off: not yet measured on a GPU
+    vocoder_half_step_buckets: bool = False
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -206,6 +211,8 @@ class Backend:
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)
+        bucket_rule = half_step_buckets if config.vocoder_half_step_buckets else power_of_two_buckets
+        self.vocoder_buckets = bucket_rule(self.vocoder_batch)  # the graphs' batch sizes (GPU)
         self.vocoder = StreamingDecoder(
             self.codec,
             max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
@@ -214,7 +221,7 @@ class Backend:
         self.vocoder_graphs = None
         if graphs:
             self.vocoder_graphs = GraphedVocoder(
-                self.vocoder, config.max_sessions, power_of_two_buckets(self.vocoder_batch),
+                self.vocoder, config.max_sessions, self.vocoder_buckets,
                 compile_backend="inductor" if self.compile_vocoder else None,
             )  # fmt: skip
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)

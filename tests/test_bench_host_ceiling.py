@@ -27,7 +27,10 @@ def test_cost_model_passes_through_the_measured_points() -> None:
 
 
 def test_the_engine_speaks_whole_utterances_on_the_stand_in() -> None:
-    engine = Engine(EngineConfig(BackendConfig(max_sessions=4), backend_factory=TimedStandIn))
+    # half-step vocoder buckets: the stand-in pads calls to the backend's own bucket list
+    engine = Engine(
+        EngineConfig(BackendConfig(max_sessions=4, vocoder_half_step_buckets=True), backend_factory=TimedStandIn)
+    )
     engine.start()
     try:
         assert engine.wait_ready(120), engine.fault
@@ -37,6 +40,9 @@ def test_the_engine_speaks_whole_utterances_on_the_stand_in() -> None:
             return await asyncio.gather(*(speak(s, "Three streams at once on a pretend device.") for s in sessions))
 
         utterances = asyncio.run(main())
+        backend = engine._worker.b
+        assert backend.vocoder_buckets == [1, 2, 3, 4] and backend.vocode_calls > 0
+        assert backend.vocode_frames_run >= engine.stats()["vocoded_frames"]
     finally:
         engine.stop()
     for utt in utterances:

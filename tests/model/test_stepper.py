@@ -11,6 +11,7 @@ from model.stepper import (
     RowSampling,
     capturable_buckets,
     decode_batch_buckets,
+    half_step_buckets,
     power_of_two_buckets,
 )
 from tests.model.test_kv_cache import make_model, random_sequence
@@ -27,6 +28,15 @@ def test_decode_buckets_add_half_steps_above_128_rows() -> None:
     assert decode_batch_buckets(64) == power_of_two_buckets(64)
     assert decode_batch_buckets(513) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512, 513]
     assert decode_batch_buckets(1024)[-4:] == [384, 512, 768, 1024]
+
+
+def test_half_step_buckets_pad_under_a_third() -> None:
+    assert half_step_buckets(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert half_step_buckets(1) == [1] and half_step_buckets(10) == [1, 2, 3, 4, 6, 8, 10]
+    for rule, worst in ((half_step_buckets, 1 / 3), (power_of_two_buckets, 0.5)):
+        buckets = rule(64)
+        padding = max(1 - n / min(b for b in buckets if b >= n) for n in range(1, 65))
+        assert padding < worst, (rule.__name__, padding)
 
 
 def test_power_of_two_buckets() -> None:
