@@ -130,6 +130,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
                 compile_max_batch=settings.compile_max_batch,
                 compile_vocoder=settings.compile_vocoder == "on",
+                vocoder_half_step_buckets=settings.vocoder_half_step_buckets == "on",
                 tune_single_row=settings.compile_tune_single_row == "on",
                 compile_symbolic_batch_above=settings.compile_symbolic_batch_above,
                 compile_cache_dir=settings.resolved_compile_cache_dir,

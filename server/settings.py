@@ -70,6 +70,12 @@ class Settings:
                   "size: one compilation per attention length for all of them instead of one per bucket and length "
                   "(not yet measured on a GPU; set it to --compile-max-batch or more for static shapes everywhere)"},
     )  # fmt: skip
+    vocoder_half_step_buckets: str = field(
+        default="off",
+        metadata={"help": "on | off: vocoder graphs also at 3, 6, 12, 24, 48 rows (72 graphs instead of 42, the extra "
+                  "ones captured in idle time), so batched calls pad fewer rows; measured on a stand-in device only "
+                  "(vocoder time per turn -8 %% at 256 streams, bench/NOTES.md)"},
+    )  # fmt: skip
     compile_vocoder: str = field(
         default="off",
         metadata={"help": "on | off: torch.compile the streaming vocoder's chunk decode before its CUDA graphs are "
@@ -210,6 +216,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --compile-symbolic-batch-above must be at least 1 (dynamo specialises one row)")
     if settings.compile_tune_single_row not in ("on", "off"):
         raise SystemExit("fishgate: --compile-tune-single-row must be on or off")
+    if settings.vocoder_half_step_buckets not in ("on", "off"):
+        raise SystemExit("fishgate: --vocoder-half-step-buckets must be on or off")
     if settings.compile_vocoder not in ("on", "off"):
         raise SystemExit("fishgate: --compile-vocoder must be on or off")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:
