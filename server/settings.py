@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -200,12 +201,11 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
     settings = Settings(**values)  # type: ignore[arg-type]
     if settings.max_sessions < 1:
         raise SystemExit("fishgate: --max-sessions must be at least 1")
-    if settings.batch_invariant not in ("auto", "on", "off"):
-        raise SystemExit("fishgate: --batch-invariant must be auto, on or off")
-    if settings.graph_first_frames not in ("on", "off"):
-        raise SystemExit("fishgate: --graph-first-frames must be on or off")
-    if settings.graph_prefill not in ("auto", "on", "off"):
-        raise SystemExit("fishgate: --graph-prefill must be auto, on or off")
+    for f in fields(Settings):  # "on | off: …" flags take one of the words their help starts with
+        choices = _choices(f.metadata["help"])
+        if choices and getattr(settings, f.name) not in choices:
+            flag = f.name.replace("_", "-")
+            raise SystemExit(f"fishgate: --{flag} must be {', '.join(choices[:-1])} or {choices[-1]}")
     if settings.max_queued_chars < settings.max_text_chars:
         raise SystemExit("fishgate: --max-queued-chars must be at least --max-text-chars (one request's text)")
     if settings.max_connections is not None and settings.max_connections < 1:
@@ -214,17 +214,17 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
     if settings.compile_symbolic_batch_above < 1:
         raise SystemExit("fishgate: --compile-symbolic-batch-above must be at least 1 (dynamo specialises one row)")
-    if settings.compile_tune_single_row not in ("on", "off"):
-        raise SystemExit("fishgate: --compile-tune-single-row must be on or off")
-    if settings.vocoder_half_step_buckets not in ("on", "off"):
-        raise SystemExit("fishgate: --vocoder-half-step-buckets must be on or off")
-    if settings.compile_vocoder not in ("on", "off"):
-        raise SystemExit("fishgate: --compile-vocoder must be on or off")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:
         raise SystemExit("fishgate: --compile-max-batch must be 0 (off) or a number of rows")
     if settings.graphs_up_front is not None and settings.graphs_up_front < 1:
         raise SystemExit("fishgate: --graphs-up-front must be at least 1 (leave it out to capture every graph)")
     return settings
+
+
+def _choices(help_text: str) -> tuple[str, ...] | None:
+    """The words of a choice flag's help prefix ("auto | on | off: …" → ("auto", "on", "off")), else None."""
+    match = re.match(r"([a-z]+(?: \| [a-z]+)+): ", help_text)
+    return tuple(match.group(1).split(" | ")) if match else None
 
 
 def parse_settings(argv: Sequence[str], environ: dict[str, str] | None = None) -> Settings:
