@@ -132,13 +132,14 @@ export class VoicePanel {
     status.textContent = "Uploading and encoding…";
     try {
       const voice = await uploadVoice(this.apiKey(), id, text, file, $("clone-replace").checked);
-      status.className = "hint good";
-      const dur = voice && voice.duration_s ? ` (${Number(voice.duration_s).toFixed(1)} s)` : "";
-      status.textContent = `Saved voice “${id}”${dur}.`;
       await this.load();
       if ([...$("voice").options].some((o) => o.value === id)) $("voice").value = id;
       this.syncButtons();
       this.onChange();
+      // only now: "Saved" means the new voice is listed and selected, ready to speak with
+      status.className = "hint good";
+      const dur = voice && voice.duration_s ? ` (${Number(voice.duration_s).toFixed(1)} s)` : "";
+      status.textContent = `Saved voice “${id}”${dur}.`;
     } catch (err) {
       const http = err instanceof HttpError ? err : null;
       status.className = "hint bad";
