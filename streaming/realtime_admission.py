@@ -16,7 +16,7 @@ import time
 
 SMOOTHING = 0.2  # weight of the newest turn in the running average (~5 turns, a quarter of a second under load)
 RESUME_RATIO = 0.8  # admit again below this share of the limit
-STALE_S = 1.0  # no decoding turn for this long: the average no longer describes the engine
+STALE_S = 1.0  # no decoding turn for this long (or 4 average turns, if longer): the average no longer applies
 
 
 class RealtimeAdmission:
@@ -32,7 +32,7 @@ class RealtimeAdmission:
     def record_turn(self, seconds: float, now: float | None = None) -> None:
         """A turn that decoded took `seconds` (worker thread)."""
         now = time.monotonic() if now is None else now
-        if now - self._last_turn_at > STALE_S:
+        if self._stale(now - seconds):  # measured from the turn's start: a long turn is not a pause
             self.turn_avg_s = seconds  # the first turn after a pause starts the average afresh
         else:
             self.turn_avg_s += SMOOTHING * (seconds - self.turn_avg_s)
@@ -43,10 +43,15 @@ class RealtimeAdmission:
             elif self.turn_avg_s < RESUME_RATIO * self.limit_s:
                 self.behind = False
 
+    def _stale(self, now: float) -> bool:
+        """No decoding turn has ended for longer than the engine's pauses last: it went idle. Relative to the average
+        too, so an engine whose turns take seconds (far behind) is not taken for an idle one during each turn."""
+        return now - self._last_turn_at > max(STALE_S, 4 * self.turn_avg_s)
+
     def refusal(self, now: float | None = None) -> str | None:
         """Why a new session must wait now, or None to admit it (any thread: reads two attributes)."""
         now = time.monotonic() if now is None else now
-        if self.limit_s is None or not self.behind or now - self._last_turn_at > STALE_S:
+        if self.limit_s is None or not self.behind or self._stale(now):
             return None
         return (
             f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for {self.frame_s * 1e3:.0f} "

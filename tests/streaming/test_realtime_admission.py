@@ -44,6 +44,16 @@ def test_an_idle_engine_admits_and_restarts_its_average() -> None:
     assert guard.turn_avg_s == pytest.approx(0.1 * FRAME_S) and guard.refusal(now=t + 5) is None
 
 
+def test_an_engine_whose_turns_take_seconds_is_not_taken_for_an_idle_one() -> None:
+    """Far behind (a 1.5 s turn, say a burst of prefills on a slow machine): during the next turn, longer than
+    STALE_S after the last one ended, new sessions are still refused, and that turn extends the average."""
+    guard = RealtimeAdmission(FRAME_S, 0.9)
+    t = feed(guard, 1.5, 3, 0.0, every_s=1.5)
+    assert guard.refusal(now=t + 1.2) is not None  # mid-turn, 1.2 s after the last turn ended
+    guard.record_turn(1.6, now=t + 1.6)
+    assert guard.turn_avg_s > 1.5 and guard.refusal(now=t + 1.7) is not None
+
+
 def test_off_never_refuses_and_bad_limits_are_refused() -> None:
     guard = RealtimeAdmission(FRAME_S, None)
     t = feed(guard, 10 * FRAME_S, 10, 0.0)
