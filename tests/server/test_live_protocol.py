@@ -405,8 +405,8 @@ def test_text_sent_faster_than_it_is_spoken_is_refused_and_the_session_goes_on(t
         assert refused.error_codes == ["text_too_long"] and "--max-queued-chars" in refused.of("error")[0]["message"]
         # the text after the cancel reached the engine (prefilled) and the utterance finished. Not its audio: this
         # random model samples its end token as the very first frame now and then (a CI run hit it; this exact flow
-        # in a loop: 2 of 450, each with its prompt prefilled and no frame decoded), while a seeded cancel during a
-        # chunked prefill followed by another text gives a fresh session's codes (40 of 40): no state is left over
+        # in a loop: 2 of 450, the instrumented one with its prompt prefilled and no frame decoded), while a seeded
+        # cancel during a chunked prefill followed by another text gives a fresh session's codes (40 of 40)
         assert after.events[-1]["reason"] == "stop" and spoken_tokens > 0
 
 
