@@ -44,11 +44,12 @@ def power_of_two_buckets(limit: int) -> list[int]:
     return out
 
 
-def half_step_buckets(limit: int) -> list[int]:
-    """1, 2, 3, 4, 6, 8, 12, 16, … (powers of two and 1.5× each) up to and including `limit`: a call padded to the
-    next bucket runs under a third of padding rows instead of up to a half (33 rows: 48 instead of 64)."""
+def half_step_buckets(limit: int, from_rows: int = 2) -> list[int]:
+    """Powers of two, plus 1.5× each power of two from `from_rows` on, up to and including `limit`. From 2 rows
+    (1, 2, 3, 4, 6, 8, 12, 16, …) a call padded to the next bucket runs under a third of padding rows instead of up
+    to a half (33 rows: 48 instead of 64)."""
     sizes = set(power_of_two_buckets(limit))
-    b = 2
+    b = from_rows
     while b * 3 // 2 < limit:
         sizes.add(b * 3 // 2)
         b *= 2
@@ -62,13 +63,8 @@ HALF_STEP_BUCKETS_FROM = 128
 
 
 def decode_batch_buckets(limit: int) -> list[int]:
-    """Powers of two, plus 1.5× each power of two from HALF_STEP_BUCKETS_FROM on, up to and including `limit`."""
-    sizes = set(power_of_two_buckets(limit))
-    b = HALF_STEP_BUCKETS_FROM
-    while b * 3 // 2 < limit:
-        sizes.add(b * 3 // 2)
-        b *= 2
-    return sorted(sizes)
+    """The decode graphs' batch buckets: half steps from HALF_STEP_BUCKETS_FROM rows on."""
+    return half_step_buckets(limit, HALF_STEP_BUCKETS_FROM)
 
 
 def capturable_buckets(missing: list[tuple[int, int]], row_positions: Sequence[int]) -> list[tuple[int, int]]:

@@ -254,7 +254,7 @@ class Engine:
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
             # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
             "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
-            "behind_real_time": int(w.admission.refusal() is not None),
+            "behind_real_time": int(w.admission.behind_now()),
         }
 
 

@@ -48,10 +48,14 @@ class RealtimeAdmission:
         too, so an engine whose turns take seconds (far behind) is not taken for an idle one during each turn."""
         return now - self._last_turn_at > max(STALE_S, 4 * self.turn_avg_s)
 
-    def refusal(self, now: float | None = None) -> str | None:
-        """Why a new session must wait now, or None to admit it (any thread: reads two attributes)."""
+    def behind_now(self, now: float | None = None) -> bool:
+        """Whether new sessions wait now (any thread: reads a few attributes)."""
         now = time.monotonic() if now is None else now
-        if self.limit_s is None or not self.behind or self._stale(now):
+        return self.limit_s is not None and self.behind and not self._stale(now)
+
+    def refusal(self, now: float | None = None) -> str | None:
+        """Why a new session must wait now, or None to admit it."""
+        if not self.behind_now(now):
             return None
         return (
             f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for {self.frame_s * 1e3:.0f} "
