@@ -398,8 +398,9 @@ def test_a_full_command_queue_refuses_work_but_never_a_close(monkeypatch) -> Non
             s1.close()  # accepted although the queue is full
             gate.set()
             await busy
+            # the worker thread pops the stream before it returns the slot: wait for both (a leak still times out)
             for _ in range(100):
-                if engine.stats()["command_queue"] == 0 and not worker.streams:
+                if engine.stats()["command_queue"] == 0 and not worker.streams and len(worker.free_slots) == 2:
                     break
                 await asyncio.sleep(0.05)
             freed = (engine.open_sessions, len(worker.streams), len(worker.free_slots))
