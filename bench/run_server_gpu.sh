@@ -7,6 +7,8 @@
 #   WAVES=3 RAMP_S=9 LEVELS="128 256 384" LEVEL_TIMEOUT_S=240 bash bench/run_server_gpu.sh   (a steady load: each
 #   client sends 3 requests one after another, first requests spread over 9 s — see docs/BENCHMARKS.md "Steady load")
 #   SERVE_ARGS="--graph-first-frames on" bash bench/run_server_gpu.sh   (extra `fishgate serve` flags)
+#   SERVE_ARGS="--compile-cache-dir build/cc" WARM_RESTART=1 bash bench/run_server_gpu.sh   (after the levels, start
+#   the server again on the now warm cache: the warm start-up figure, then one level-1 pass)
 set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
@@ -28,16 +30,20 @@ words = "the quick brown fox jumps over a lazy dog while seven bright stars shin
 for i in range(2000):
     print(f"Request {i}: " + " ".join(random.choice(words) for _ in range(14)) + ".")
 PY
-stamp "serve"
+serve() {
 python3 -m server.cli serve --checkpoint /tmp/ckpt --references-dir /tmp/refs --device cuda \
   --max-sessions "${MAX_SESSIONS:-512}" --max-seq-len "${MAX_SEQ_LEN:-4096}" --rate-limit-per-min 1000000 \
-  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} ${SERVE_ARGS:-} --log-level warning > "$OUT/server.log" 2>&1 &
+  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} ${SERVE_ARGS:-} --log-level warning > "$OUT/$1" 2>&1 &
 SERVER=$!
-for i in $(seq 1 300); do
-  curl -sf localhost:7860/readyz >/dev/null && break
-  kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/server.log"; exit 1; }
+for i in $(seq 1 "${READY_LIMIT_S:-300}"); do
+  curl -sf localhost:7860/readyz >/dev/null && return 0
+  kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/$1"; exit 1; }
   sleep 1
 done
+echo "not ready after ${READY_LIMIT_S:-300} s"; tail -30 "$OUT/$1"; kill -TERM $SERVER; exit 1
+}
+stamp "serve"
+ts=$(date +%s); serve server.log; echo "start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
 stamp "ready"
 curl -s localhost:7860/healthz; echo
 TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
@@ -66,3 +72,11 @@ done
 stamp "done"
 kill -TERM $SERVER; wait $SERVER
 grep -E "engine ready|ERROR|CRITICAL" "$OUT/server.log" | head -20
+if [ -n "${WARM_RESTART:-}" ]; then
+  stamp "warm restart"
+  ts=$(date +%s); serve server_warm.log; echo "warm start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
+  timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out /tmp/ttfa_warm 2>&1 | tail -3
+  cp /tmp/ttfa_warm/ttfa.json "$OUT/ttfa_warm_1.json" 2>/dev/null
+  kill -TERM $SERVER; wait $SERVER
+  grep -E "engine ready|ERROR|CRITICAL" "$OUT/server_warm.log" | head -20
+fi
