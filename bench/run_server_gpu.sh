@@ -8,7 +8,8 @@
 #   client sends 3 requests one after another, first requests spread over 9 s — see docs/BENCHMARKS.md "Steady load")
 #   SERVE_ARGS="--graph-first-frames on" bash bench/run_server_gpu.sh   (extra `fishgate serve` flags)
 #   SERVE_ARGS="--compile-cache-dir build/cc" WARM_RESTART=1 bash bench/run_server_gpu.sh   (after the levels, start
-#   the server again on the now warm cache: the warm start-up figure, then one level-1 pass)
+#   the server again on the now warm cache: the warm start-up figure, then one level-1 pass; WARM_SERVE_ARGS adds
+#   flags to that start and WARM_LEVELS runs more levels on it)
 set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
@@ -33,7 +34,7 @@ PY
 serve() {
 python3 -m server.cli serve --checkpoint /tmp/ckpt --references-dir /tmp/refs --device cuda \
   --max-sessions "${MAX_SESSIONS:-512}" --max-seq-len "${MAX_SEQ_LEN:-4096}" --rate-limit-per-min 1000000 \
-  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} ${SERVE_ARGS:-} --log-level warning > "$OUT/$1" 2>&1 &
+  ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} ${SERVE_ARGS:-} $2 --log-level warning > "$OUT/$1" 2>&1 &
 SERVER=$!
 for i in $(seq 1 "${READY_LIMIT_S:-300}"); do
   curl -sf localhost:7860/readyz >/dev/null && return 0
@@ -43,13 +44,14 @@ done
 echo "not ready after ${READY_LIMIT_S:-300} s"; tail -30 "$OUT/$1"; kill -TERM $SERVER; exit 1
 }
 stamp "serve"
-ts=$(date +%s); serve server.log; echo "start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
+ts=$(date +%s); serve server.log ""; echo "start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
 stamp "ready"
 curl -s localhost:7860/healthz; echo
 TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
 stamp "warm-up (captures vocoder graphs)"
 timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
-for level in ${LEVELS:-1 64 256 384 512}; do
+run_level() {
+  level=$1
   n=$(( level * ${WAVES:-1} < 8 ? 8 : level * ${WAVES:-1} ))
   stamp "level $level"
   curl -s localhost:7860/metrics > "/tmp/metrics_before_$level.txt"
@@ -60,7 +62,7 @@ for level in ${LEVELS:-1 64 256 384 512}; do
   fi
   timeout "${LEVEL_TIMEOUT_S:-200}" $TTFA --concurrency $level --requests $n --ramp-s "${RAMP_S:-0}" \
     --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
-  cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_$level.json" 2>/dev/null
+  cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_${TAG:-}$level.json" 2>/dev/null
   curl -s localhost:7860/metrics > "/tmp/metrics_after_$level.txt"
   python3 bench/turn_attribution.py "/tmp/metrics_before_$level.txt" "/tmp/metrics_after_$level.txt" --level "$level" \
     | tee -a "$OUT/turns.txt"
@@ -68,15 +70,19 @@ for level in ${LEVELS:-1 64 256 384 512}; do
     python3 bench/spy_summary.py "$OUT/spy_$level.txt" --seconds "${PROFILE_S:-20}" --rate 100 --top 10 \
       | tee "$OUT/spy_${level}_summary.txt" | head -60
   fi
-done
+}
+for level in ${LEVELS:-1 64 256 384 512}; do run_level $level; done
 stamp "done"
 kill -TERM $SERVER; wait $SERVER
 grep -E "engine ready|ERROR|CRITICAL" "$OUT/server.log" | head -20
 if [ -n "${WARM_RESTART:-}" ]; then
   stamp "warm restart"
-  ts=$(date +%s); serve server_warm.log; echo "warm start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
+  ts=$(date +%s); serve server_warm.log "${WARM_SERVE_ARGS:-}"
+  echo "warm start → ready: $(( $(date +%s) - ts )) s (${WARM_SERVE_ARGS:-})" | tee -a "$OUT/ready.txt"
   timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out /tmp/ttfa_warm 2>&1 | tail -3
   cp /tmp/ttfa_warm/ttfa.json "$OUT/ttfa_warm_1.json" 2>/dev/null
+  PROFILE_LEVEL=none TAG=warm_
+  for level in ${WARM_LEVELS:-}; do echo "(warm server: $WARM_SERVE_ARGS)" >> "$OUT/turns.txt"; run_level $level; done
   kill -TERM $SERVER; wait $SERVER
   grep -E "engine ready|ERROR|CRITICAL" "$OUT/server_warm.log" | head -20
 fi

@@ -43,8 +43,9 @@ def cat_time(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class LeftContext(Protocol):
     """Supplies a stateful layer's previous inputs and records its newest ones (implemented by vocoder_stream)."""
 
-    def extend(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Return `cat(previous inputs (B, C, W), x)` along time and remember its last W steps as the new state."""
+    def extend(self, layer: nn.Module, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
+        """Return `cat(previous inputs (B, C, W), x)` along time — `silu(x)` in place of x when `silu` — and remember
+        its last W steps as the new state."""
         ...
 
 
@@ -91,11 +92,15 @@ class CausalConv1d(CausalLayer):
             raise ValueError("strided convolutions (encoder only) cannot carry streaming state")
         return (self.conv.in_channels, self.left_pad)
 
-    def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, C_in, T)
+    def forward(
+        self, x: torch.Tensor, ctx: LeftContext | None = None, silu_first: bool = False
+    ) -> torch.Tensor:  # (B, C_in, T)
+        """`silu_first`: convolve silu(x) (the context applies it while joining history and x: one pass, not two)."""
         if ctx is not None and self.left_pad > 0:
-            x = ctx.extend(self, x)
+            x = ctx.extend(self, x, silu=silu_first)
             right = 0
         else:
+            x = F.silu(x) if silu_first else x
             length = x.shape[-1]
             n_out = math.ceil((length - self.span + self.left_pad) / self.stride) + 1
             right = (n_out - 1) * self.stride + self.span - self.left_pad - length
@@ -149,12 +154,17 @@ class CausalConvTranspose1d(CausalLayer):
     def context_shape(self) -> tuple[int, int]:
         return (self.conv.in_channels, self.history_frames)
 
-    def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, C_in, T)
+    def forward(
+        self, x: torch.Tensor, ctx: LeftContext | None = None, silu_first: bool = False
+    ) -> torch.Tensor:  # (B, C_in, T)
+        """`silu_first`: as CausalConv1d's."""
         n_new = x.shape[-1]
         skip = 0
         if ctx is not None and self.history_frames > 0:
-            x = ctx.extend(self, x)
+            x = ctx.extend(self, x, silu=silu_first)
             skip = self.history_frames * self.stride
+        elif silu_first:
+            x = F.silu(x)
         if self.time_minor and self.conv.kernel_size[0] % self.stride == 0:
             return self._as_matmul(x, n_new)
         y = F.conv_transpose1d(x, self.conv.weight, self.conv.bias, stride=self.stride)

@@ -31,6 +31,7 @@ class PromptBuilder:
             raise ValueError(f"num_codebooks must be ≥ 1, got {num_codebooks}")
         self.tokenizer = tokenizer
         self.num_codebooks = num_codebooks
+        self._scaffolds: dict[str, Tensor] = {}
 
     # ---- message parts -------------------------------------------------------------------------------------------
     def system(self) -> Tensor:
@@ -98,7 +99,12 @@ class PromptBuilder:
         return part
 
     def _scaffold(self, text: str) -> Tensor:
-        return self._text_part(self.tokenizer.encode_with_specials(text))
+        """The fixed prompt pieces (role headers, the system text), tokenised once per builder; callers only read
+        them (`_cat` copies)."""
+        part = self._scaffolds.get(text)
+        if part is None:
+            part = self._scaffolds[text] = self._text_part(self.tokenizer.encode_with_specials(text))
+        return part
 
     def _im_end(self) -> Tensor:
         return self._text_part([self.tokenizer.im_end_id])

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .codec_config import CodecConfig, HeadConfig, QuantizerConfig
@@ -35,7 +34,7 @@ class ResBlock1(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, C, T)
         for c1, c2 in zip(self.convs1, self.convs2, strict=True):
-            x = x + c2(F.silu(c1(F.silu(x), ctx)), ctx)
+            x = x + c2(c1(x, ctx, silu_first=True), ctx, silu_first=True)
         return x
 
 
@@ -71,8 +70,8 @@ class HiFiGANHead(nn.Module):
     def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:
         x = self.conv_pre(x, ctx)
         for up, block in zip(self.ups, self.resblocks, strict=True):
-            x = block(up(F.silu(x), ctx), ctx)
-        return torch.tanh(self.conv_post(F.silu(x), ctx))
+            x = block(up(x, ctx, silu_first=True), ctx)
+        return torch.tanh(self.conv_post(x, ctx, silu_first=True))
 
 
 class Quantizer(nn.Module):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import compiled_regions
+from model import compiled_regions, vocoder_stream
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
@@ -43,6 +43,29 @@ def test_chunked_equals_upstream_offline(fs):
         chunked = decode_chunked(stream, codes, slot, schedule)
         assert _max_diff(chunked, reference) <= 1e-4, schedule
         assert _max_diff(chunked, ours_offline) <= 1e-5, schedule
+
+
+@pytest.mark.parametrize("fs", params(firefly_sets()))
+def test_fused_silu_context_equals_upstream_and_the_plain_join(fs, monkeypatch):
+    """The one-pass join of history and silu(x) (CUDA's path, forced on CPU here) gives upstream's offline audio for
+    every schedule and the plain silu-then-cat join's audio to rounding (the CPU's strided silu rounds differently),
+    and it really ran: every silu-first layer wrote its input through `silu.out`."""
+    codec, t = fixture_codec(fs.path), fs.tensors()
+    spf = codec.config.samples_per_frame
+    codes = t["codes_long"][..., :24]
+    reference = t["audio_long"][:, 0, : 24 * spf]
+    slot = torch.tensor([1])
+    plain = [decode_chunked(StreamingDecoder(codec, max_slots=2), codes, slot, s) for s in SCHEDULES]
+    monkeypatch.setattr(vocoder_stream, "FUSED_SILU_DEVICES", ("cuda", "cpu"))
+    fused_calls = []
+    real_out = torch.ops.aten.silu.out
+    monkeypatch.setattr(torch.ops.aten.silu, "out", lambda *a, **k: fused_calls.append(1) or real_out(*a, **k))
+    for schedule, expected in zip(SCHEDULES, plain, strict=True):
+        fused_calls.clear()
+        got = decode_chunked(StreamingDecoder(codec, max_slots=2), codes, slot, schedule)
+        assert _max_diff(got, reference) <= 1e-4, schedule
+        assert _max_diff(got, expected) <= 1e-5, schedule
+        assert fused_calls, schedule
 
 
 def test_batched_slots_equal_solo_and_reset():

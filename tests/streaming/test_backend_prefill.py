@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
 import streaming.backend as backend_module
@@ -71,3 +73,29 @@ def test_the_workers_prefill_chunk_fits_the_largest_graph_chunk() -> None:
     from streaming.worker import WorkerLimits
 
     assert WorkerLimits().prefill_chunk_tokens == PREFILL_CHUNK_BUCKETS[-1]
+
+
+def test_voice_prefix_tokens_are_built_once_per_voice_and_bounded(monkeypatch) -> None:
+    """A voice's prompt prefix is tokenised once and shared (the worker builds one per new session); a different
+    transcript or different codes is another entry; codes the model cannot read raise every time and are not kept;
+    the cache holds PREFIX_TOKENS_CACHE voices, least recently used out first."""
+    monkeypatch.setattr(backend_module, "PREFIX_TOKENS_CACHE", 2)
+    b = Backend(BackendConfig(max_sessions=2))
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 1000, (b.info.num_codebooks, 30)).astype(np.int64)
+    built: list[int] = []
+    real_prefix = b.builder.prefix
+    monkeypatch.setattr(b.builder, "prefix", lambda refs: built.append(1) or real_prefix(refs))
+    first = b.prefix_tokens([("Hello there.", codes)])
+    assert first is not None and b.prefix_tokens([("Hello there.", codes.copy())]) is first and len(built) == 1
+    torch.testing.assert_close(first, real_prefix([(b.model_text("Hello there."), torch.from_numpy(codes))]))
+    other_codes = codes.copy()
+    other_codes[0, 0] += 1
+    assert b.prefix_tokens([("Hello there.", other_codes)]) is not first
+    assert b.prefix_tokens([("Hello, there.", codes)]) is not first and len(built) == 3
+    assert b.prefix_tokens([("Hello there.", codes)]) is not first and len(built) == 4  # evicted (2 kept)
+    bad = np.full_like(codes, 5000)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="must lie in"):
+            b.prefix_tokens([("Hello there.", bad)])
+    assert len(built) == 6 and b.prefix_tokens([]) is None
