@@ -48,8 +48,17 @@ ts=$(date +%s); serve server.log ""; echo "start → ready: $(( $(date +%s) - ts
 stamp "ready"
 curl -s localhost:7860/healthz; echo
 TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
-stamp "warm-up (captures vocoder graphs)"
+stamp "warm-up"
 timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
+wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what="graphs_missing"} 0), at most 150 s
+  for i in $(seq 1 150); do
+    left=$(curl -s localhost:7860/metrics | sed -n 's/^fishgate_engine{what="graphs_missing"} \([0-9.]*\)$/\1/p')
+    [ "${left%.*}" = "0" ] && { echo "all graphs captured after $i s idle"; return 0; }
+    sleep 1
+  done
+  echo "graphs still missing after 150 s: $left"
+}
+wait_for_graphs
 run_level() {
   level=$1
   n=$(( level * ${WAVES:-1} < 8 ? 8 : level * ${WAVES:-1} ))
@@ -81,6 +90,7 @@ if [ -n "${WARM_RESTART:-}" ]; then
   echo "warm start → ready: $(( $(date +%s) - ts )) s (${WARM_SERVE_ARGS:-})" | tee -a "$OUT/ready.txt"
   timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out /tmp/ttfa_warm 2>&1 | tail -3
   cp /tmp/ttfa_warm/ttfa.json "$OUT/ttfa_warm_1.json" 2>/dev/null
+  [ -n "${WARM_LEVELS:-}" ] && wait_for_graphs
   PROFILE_LEVEL=none TAG=warm_
   for level in ${WARM_LEVELS:-}; do echo "(warm server: $WARM_SERVE_ARGS)" >> "$OUT/turns.txt"; run_level $level; done
   kill -TERM $SERVER; wait $SERVER

@@ -13,12 +13,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import vocoder_kernels
 from .codec_layers import cat_time
 from .compiled_regions import region
 from .vocoder import FireflyCodec
 
-# Devices on which a context joins history and silu(x) in one pass (see _SlotContext.extend); tests add "cpu".
-FUSED_SILU_DEVICES = ("cuda",)
+# How a streaming chunk joins a silu-first conv's history with silu(x) (`_SlotContext.extend`):
+#   "cat"    silu, then cat: two passes over the activation (the cats were 19 of 80 ms at 64 × 24 frames, run 13);
+#   "out"    silu written into the joined buffer (`silu.out`): one pass, but ATen's generic strided kernel (run 15);
+#   "triton" model.vocoder_kernels.join_silu: one pass at full width, any strides;
+#   "auto"   triton on CUDA where Triton is installed, else out on CUDA; cat on CPU, where a strided `out=` takes
+#            ATen's scalar silu (it rounds differently from the vectorised one, ~3e-8) and a 24-frame chunk of the
+#            default voice took 31 ms either way.
+# Compiled (torch.compile) chunks always take "cat": inductor fuses it into one kernel (and refuses strided `out=`).
+SILU_JOIN = "auto"
+
+
+def _silu_join(x: torch.Tensor) -> str:
+    if SILU_JOIN != "auto":
+        return SILU_JOIN
+    if x.device.type != "cuda":
+        return "cat"
+    return "triton" if vocoder_kernels.AVAILABLE else "out"
 
 
 class _SlotContext:
@@ -37,17 +53,10 @@ class _SlotContext:
             prev = rows.view(-1, width, channels).transpose(1, 2)  # (B, C, W), channel stride 1
         else:
             prev = rows.view(-1, channels, width)  # (B, C, W)
-        if (
-            silu
-            and x.device.type in FUSED_SILU_DEVICES
-            and not self._channels_last
-            and not torch.compiler.is_compiling()
-        ):
-            # silu written straight into the joined buffer: one pass over the activation instead of silu then cat
-            # (the cats were 19 of the 80 ms at 64 × 24 frames on an H200, run 13). Compiled, inductor fuses the
-            # plain form below into one kernel anyway (and dynamo refuses strided `out=`). CUDA only: on CPU a
-            # strided `out=` takes ATen's scalar silu, which rounds differently from the vectorised one (~3e-8),
-            # and the CPU gained nothing measurable (31 ms a 24-frame chunk of the default voice either way).
+        join = _silu_join(x) if silu and not self._channels_last and not torch.compiler.is_compiling() else "cat"
+        if join == "triton":  # one pass at full width (model.vocoder_kernels)
+            xin = vocoder_kernels.join_silu(prev, x)
+        elif join == "out":  # one pass, but ATen's generic kernel for the strided output
             xin = x.new_empty(x.shape[0], channels, width + x.shape[-1])
             xin[..., :width].copy_(prev)
             torch.ops.aten.silu.out(x, out=xin[..., width:])

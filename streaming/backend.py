@@ -152,6 +152,7 @@ class Backend:
         # vocoder calls made and the frames they ran, padding rows of graph buckets included (worker thread only;
         # against the frames the worker asked for, the share of vocoder work spent on padding)
         self.vocode_calls = 0
+        self.graphs_missing = 0  # see count_missing_graphs; set by the worker after warm-up and each idle capture
         self.vocode_frames_run = 0
 
         t0 = time.perf_counter()
@@ -416,14 +417,27 @@ class Backend:
         one-row ones only). Otherwise each of those is captured on first use, in the middle of a turn: a stall of
         every stream for its eager warm-up runs (~0.1–0.3 s at 64 rows on an H200). A vocoder capture writes spare
         slots only (model.vocoder_graphs), so it is safe between turns."""
-        if self.stepper.capture_next(row_positions):
-            return True
-        if self.vocoder_graphs is not None:
-            missing = self.vocoder_graphs.missing(all_chunk_sizes())
-            if missing:
-                self.vocoder_graphs.capture(*missing[0])
+        try:
+            if self.stepper.capture_next(row_positions):
                 return True
-        return False
+            if self.vocoder_graphs is not None:
+                missing = self.vocoder_graphs.missing(all_chunk_sizes())
+                if missing:
+                    self.vocoder_graphs.capture(*missing[0])
+                    return True
+            return False
+        finally:
+            self.graphs_missing = self.count_missing_graphs()
+
+    def count_missing_graphs(self) -> int:
+        """Decode, prefill and vocoder graphs not captured yet (0 on CPU). Worker thread only: others read the
+        `graphs_missing` it leaves after each idle capture (the /metrics gauge a benchmark waits on before loading)."""
+        n = len(self.stepper.missing_graphs())
+        if self.stepper.static_prefill is not None:
+            n += len(self.stepper.static_prefill.missing_graphs())
+        if self.vocoder_graphs is not None:
+            n += len(self.vocoder_graphs.missing(all_chunk_sizes()))
+        return n
 
     def gpu_memory_bytes(self) -> int:
         """Bytes the caching allocator holds on the engine's GPU (0 on CPU); safe to read from any thread."""

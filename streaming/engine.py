@@ -106,6 +106,7 @@ class Engine:
                 t0 = time.perf_counter()
                 _warm_up(worker)
                 self.timings_s["warm_up"] = time.perf_counter() - t0
+            backend.graphs_missing = backend.count_missing_graphs()
             self.timings_s["total"] = time.perf_counter() - started
             log.info(
                 "engine ready in %.2f s (%s; %d decode graphs)",
@@ -255,6 +256,8 @@ class Engine:
             # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
             "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
             "behind_real_time": int(w.admission.behind_now()),
+            # graphs still to be captured in idle time; until 0, a burst may pay captures inside its turns
+            "graphs_missing": w.b.graphs_missing,
         }
 
 

@@ -248,3 +248,47 @@ def test_prefill_graphs_equal_the_same_buckets_eager() -> None:
         before = graphed.cache.k[:, :SCRATCH].clone()
         assert graphed.static_prefill.capture_next()
         assert torch.equal(graphed.cache.k[:, :SCRATCH], before)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_join_silu_equals_silu_then_cat(dtype: torch.dtype) -> None:
+    """model.vocoder_kernels.join_silu == cat([prev, silu(x)]) for strided views of both inputs (the state rows and a
+    transposed conv's trimmed output are views), including an empty history and a block-crossing length."""
+    from model import vocoder_kernels
+
+    if not vocoder_kernels.AVAILABLE:
+        pytest.skip("Triton is not installed")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for batch, channels, width, length in [(3, 8, 30, 1500), (64, 256, 12, 192), (2, 16, 0, 7), (1, 1, 5, 4100)]:
+        base = torch.randn(batch, channels * width + 9, generator=gen, device="cuda").to(dtype)
+        prev = base[:, 4 : 4 + channels * width].view(batch, channels, width)
+        x = torch.randn(batch, channels, length + 6, generator=gen, device="cuda").to(dtype)[..., 3 : 3 + length]
+        got = vocoder_kernels.join_silu(prev, x)
+        expected = torch.cat([prev, torch.nn.functional.silu(x)], -1)
+        assert got.is_contiguous() and torch.equal(got[..., :width], prev)
+        torch.testing.assert_close(got, expected, rtol=1e-6 if dtype == torch.float32 else 8e-3, atol=1e-6)
+
+
+@torch.inference_mode()
+def test_streaming_vocoder_silu_joins_agree_official(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streaming decoder's three ways of joining history and silu(x) give the same chunked audio (fp32, official
+    config), equal to the offline decode, and "auto" takes Triton on CUDA when it is installed."""
+    from model import vocoder_kernels, vocoder_stream
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # TF32 convs differ ~1e-3 between call shapes
+    codec = random_codec("cuda", torch.float32)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    codes = torch.randint(0, 1000, (2, codec.config.rows, 20), generator=gen, device="cuda")
+    slots = torch.tensor([1, 0], device="cuda")
+    offline = codec.decode(codes)
+    joins = ["cat", "out"] + (["triton"] if vocoder_kernels.AVAILABLE else [])
+    audio = {}
+    for join in joins:
+        monkeypatch.setattr(vocoder_stream, "SILU_JOIN", join)
+        decoder = StreamingDecoder(codec, max_slots=2)
+        audio[join] = torch.cat([decoder.decode(codes[..., s : s + 5], slots) for s in range(0, 20, 5)], -1)
+        assert (audio[join] - offline).abs().max() <= 1e-4, join
+        assert (audio[join] - audio["cat"]).abs().max() <= 1e-5, join
+    monkeypatch.setattr(vocoder_stream, "SILU_JOIN", "auto")
+    assert vocoder_stream._silu_join(codes) == ("triton" if vocoder_kernels.AVAILABLE else "out")

@@ -47,7 +47,7 @@ def test_chunked_equals_upstream_offline(fs):
 
 @pytest.mark.parametrize("fs", params(firefly_sets()))
 def test_fused_silu_context_equals_upstream_and_the_plain_join(fs, monkeypatch):
-    """The one-pass join of history and silu(x) (CUDA's path, forced on CPU here) gives upstream's offline audio for
+    """The one-pass join of history and silu(x) by `silu.out` (CUDA's path without Triton, forced on CPU here) gives upstream's offline audio for
     every schedule and the plain silu-then-cat join's audio to rounding (the CPU's strided silu rounds differently),
     and it really ran: every silu-first layer wrote its input through `silu.out`."""
     codec, t = fixture_codec(fs.path), fs.tensors()
@@ -56,7 +56,7 @@ def test_fused_silu_context_equals_upstream_and_the_plain_join(fs, monkeypatch):
     reference = t["audio_long"][:, 0, : 24 * spf]
     slot = torch.tensor([1])
     plain = [decode_chunked(StreamingDecoder(codec, max_slots=2), codes, slot, s) for s in SCHEDULES]
-    monkeypatch.setattr(vocoder_stream, "FUSED_SILU_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(vocoder_stream, "SILU_JOIN", "out")
     fused_calls = []
     real_out = torch.ops.aten.silu.out
     monkeypatch.setattr(torch.ops.aten.silu, "out", lambda *a, **k: fused_calls.append(1) or real_out(*a, **k))

@@ -80,8 +80,11 @@ def test_idle_capture_takes_the_batched_vocoder_graphs_after_the_decode_graphs()
     assert backend.vocoder_graphs is None and not backend.capture_idle_graph([0, 0, 0])  # CPU: nothing to capture
     recorder = VocoderGraphsRecorder()
     backend.vocoder_graphs = recorder  # type: ignore[assignment]
-    calls = 0
+    sizes = all_chunk_sizes()
+    assert backend.count_missing_graphs() == 2 * len(sizes)
+    calls, left = 0, []
     while backend.capture_idle_graph([0, 0, 0]):
         calls += 1
-    sizes = all_chunk_sizes()
+        left.append(backend.graphs_missing)  # the gauge /metrics shows, counted down by each capture
     assert calls == 2 * len(sizes) and recorder.captured == [(b, f) for b in (2, 4) for f in sizes]
+    assert left == list(range(2 * len(sizes) - 1, -1, -1)) and backend.graphs_missing == 0
