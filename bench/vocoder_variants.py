@@ -20,12 +20,13 @@ import torch
 
 from bench.fullsize import environment, event_ms, random_codec, wall_ms, write_json
 from bench.profile_step import kernel_profile
-from model import compiled_regions
+from model import compiled_regions, vocoder_stream
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
-VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")  # "+static": compile one graph per shape
+# "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN)
+VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")
 PROFILE_SHAPES = ((1, 8), (64, 24))  # per-kernel profile of these graphs (GPU)
 
 
@@ -57,6 +58,8 @@ def run_variant(
 ) -> list[dict]:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     codec = random_codec(device, dtype, tiny=tiny)
+    # "@cat" / "@out" / "@triton": how silu-first convs join their history (model.vocoder_stream.SILU_JOIN)
+    vocoder_stream.SILU_JOIN = variant.split("@")[1] if "@" in variant else "auto"
     backend = "inductor" if "compiled" in variant else None
     channels_last = "+cl" in variant
     compiled_regions.reset(static_shapes="+static" in variant)
