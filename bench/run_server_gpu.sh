@@ -51,12 +51,12 @@ TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.t
 stamp "warm-up"
 timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
 wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what="graphs_missing"} 0), at most 150 s
-  for i in $(seq 1 150); do
+  for i in $(seq 1 "${GRAPH_WAIT_S:-150}"); do
     left=$(curl -s localhost:7860/metrics | sed -n 's/^fishgate_engine{what="graphs_missing"} \([0-9.]*\)$/\1/p')
     [ "${left%.*}" = "0" ] && { echo "all graphs captured after $i s idle"; return 0; }
     sleep 1
   done
-  echo "graphs still missing after 150 s: $left"
+  echo "graphs still missing after ${GRAPH_WAIT_S:-150} s: $left"
 }
 wait_for_graphs
 run_level() {
