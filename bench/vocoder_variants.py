@@ -25,7 +25,8 @@ from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
-# "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN)
+# "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN);
+# "+bench": cudnn.benchmark (e.g. "graph@triton+bench")
 VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")
 PROFILE_SHAPES = ((1, 8), (64, 24))  # per-kernel profile of these graphs (GPU)
 
@@ -59,7 +60,9 @@ def run_variant(
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     codec = random_codec(device, dtype, tiny=tiny)
     # "@cat" / "@out" / "@triton": how silu-first convs join their history (model.vocoder_stream.SILU_JOIN)
-    vocoder_stream.SILU_JOIN = variant.split("@")[1] if "@" in variant else "auto"
+    vocoder_stream.SILU_JOIN = variant.split("@")[1].split("+")[0] if "@" in variant else "auto"
+    # "+bench": cuDNN autotunes each conv shape's algorithm at its first call (graph warm-up) instead of its heuristic
+    torch.backends.cudnn.benchmark = "+bench" in variant
     backend = "inductor" if "compiled" in variant else None
     channels_last = "+cl" in variant
     compiled_regions.reset(static_shapes="+static" in variant)
