@@ -60,7 +60,7 @@ def run_variant(
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     codec = random_codec(device, dtype, tiny=tiny)
     # "@cat" / "@out" / "@triton": how silu-first convs join their history (model.vocoder_stream.SILU_JOIN)
-    vocoder_stream.SILU_JOIN = variant.split("@")[1].split("+")[0] if "@" in variant else "auto"
+    vocoder_stream.SILU_JOIN = variant.split("@")[1].split("+", maxsplit=1)[0] if "@" in variant else "auto"
     # "+bench": cuDNN autotunes each conv shape's algorithm at its first call (graph warm-up) instead of its heuristic
     torch.backends.cudnn.benchmark = "+bench" in variant
     backend = "inductor" if "compiled" in variant else None

@@ -24,9 +24,13 @@ class GraphedVocoder:
         n_sessions: int,
         batch_buckets: list[int],
         compile_backend: str | None = None,
+        cudnn_benchmark: bool = False,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing): each (bucket, frames) graph captures the
-        chunk decode compiled by torch.compile (model.compiled_regions) instead of eager PyTorch."""
+        chunk decode compiled by torch.compile (model.compiled_regions) instead of eager PyTorch.
+        `cudnn_benchmark`: cuDNN times its algorithms for each conv shape while a graph is captured (seconds per
+        graph) instead of trusting its heuristic, which gave two of the channels-last layout's dilated convs a 92 ms
+        kernel at 64 × 24 frames on an H200 (run 15: 274 → 87 ms a call)."""
         if decoder.max_slots < n_sessions + max(batch_buckets) - 1:
             raise ValueError("the streaming decoder needs spare slots for padding rows (max_slots ≥ 2·n_sessions)")
         self.decoder = decoder
@@ -34,6 +38,7 @@ class GraphedVocoder:
         self.buckets = sorted(batch_buckets)
         self.rows = decoder.codec.config.quantizer.n_groups * decoder.codec.config.quantizer.n_codebooks
         self.compile_backend = compile_backend
+        self.cudnn_benchmark = cudnn_benchmark
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -55,14 +60,19 @@ class GraphedVocoder:
         saved = self.decoder.state[spare].clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with compiled(self.compile_backend):
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up; the first call also compiles, when compiling
-                    self.decoder.decode(codes, slots)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self.decoder.decode(codes, slots)
+        benchmark = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = benchmark or self.cudnn_benchmark
+        try:
+            with compiled(self.compile_backend):
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm-up; the first call also compiles, when compiling (and times convs)
+                        self.decoder.decode(codes, slots)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    out = self.decoder.decode(codes, slots)
+        finally:
+            torch.backends.cudnn.benchmark = benchmark
         self.decoder.state[spare] = saved
         self._graphs[(bucket, frames)] = (graph, codes, slots, out)
 

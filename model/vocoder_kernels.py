@@ -49,20 +49,51 @@ if AVAILABLE:
         y = tl.where(from_prev, p.to(tl.float32), xf / (1.0 + tl.exp(-xf)))
         tl.store(out_ptr + row * total + t, y.to(out_ptr.dtype.element_ty), mask=inside)
 
+    @triton.jit
+    def _join_silu_time_major_kernel(
+        prev_ptr, x_ptr, out_ptr,
+        channels, width, length,
+        prev_sb, prev_sc, prev_st,
+        x_sb, x_sc, x_st,
+        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0).to(tl.int64)
+        t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+        c = tl.program_id(2).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+        total = width + length
+        inside = (t < total) & (c < channels)
+        from_prev = t < width
+        p = tl.load(prev_ptr + b * prev_sb + c * prev_sc + t * prev_st, mask=inside & from_prev, other=0.0)
+        xs = tl.load(x_ptr + b * x_sb + c * x_sc + (t - width) * x_st, mask=inside & ~from_prev, other=0.0)
+        xf = xs.to(tl.float32)
+        y = tl.where(from_prev, p.to(tl.float32), xf / (1.0 + tl.exp(-xf)))
+        tl.store(out_ptr + (b * total + t) * channels + c, y.to(out_ptr.dtype.element_ty), mask=inside)
 
-def join_silu(prev: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+
+def join_silu(prev: torch.Tensor, x: torch.Tensor, time_major: bool = False) -> torch.Tensor:
     """`cat([prev, silu(x)], -1)` for prev (B, C, W) and x (B, C, T) of one dtype on one CUDA device, any strides;
-    returns a new contiguous (B, C, W + T) tensor."""
+    returns a new (B, C, W + T) tensor, contiguous, or with `time_major` stored (B, W + T, C) (channel stride 1: the
+    channels-last vocoder's layout)."""
     if not AVAILABLE:
         raise RuntimeError("join_silu needs Triton (installed with CUDA builds of torch)")
     batch, channels, width = prev.shape
     if x.shape[:2] != (batch, channels) or x.dtype != prev.dtype or x.device != prev.device:
         raise ValueError(f"prev {tuple(prev.shape)} {prev.dtype} and x {tuple(x.shape)} {x.dtype} do not join")
     length = x.shape[-1]
-    out = torch.empty(batch, channels, width + length, dtype=x.dtype, device=x.device)
-    block = min(MAX_BLOCK, triton.next_power_of_2(width + length))
-    grid = (batch * channels, triton.cdiv(width + length, block))
-    _join_silu_kernel[grid](
+    total = width + length
+    if time_major:
+        out = torch.empty(batch, total, channels, dtype=x.dtype, device=x.device)
+        block_c = min(128, triton.next_power_of_2(channels))
+        block_t = max(1, 4096 // block_c)
+        grid = (batch, triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
+        _join_silu_time_major_kernel[grid](
+            prev, x, out, channels, width, length, *prev.stride(), *x.stride(), BLOCK_T=block_t, BLOCK_C=block_c
+        )  # fmt: skip
+        return out.transpose(1, 2)
+    out = torch.empty(batch, channels, total, dtype=x.dtype, device=x.device)
+    block = min(MAX_BLOCK, triton.next_power_of_2(total))
+    rows_grid = (batch * channels, triton.cdiv(total, block))
+    _join_silu_kernel[rows_grid](
         prev, x, out, channels, width, length, *prev.stride(), *x.stride(), BLOCK=block
     )  # fmt: skip
     return out

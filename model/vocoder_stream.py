@@ -53,10 +53,10 @@ class _SlotContext:
             prev = rows.view(-1, width, channels).transpose(1, 2)  # (B, C, W), channel stride 1
         else:
             prev = rows.view(-1, channels, width)  # (B, C, W)
-        join = _silu_join(x) if silu and not self._channels_last and not torch.compiler.is_compiling() else "cat"
-        if join == "triton":  # one pass at full width (model.vocoder_kernels)
-            xin = vocoder_kernels.join_silu(prev, x)
-        elif join == "out":  # one pass, but ATen's generic kernel for the strided output
+        join = _silu_join(x) if silu and not torch.compiler.is_compiling() else "cat"
+        if join == "triton":  # one pass at full width (model.vocoder_kernels), in the decoder's layout
+            xin = vocoder_kernels.join_silu(prev, x, time_major=self._channels_last)
+        elif join == "out" and not self._channels_last:  # one pass, but ATen's generic kernel for the strided output
             xin = x.new_empty(x.shape[0], channels, width + x.shape[-1])
             xin[..., :width].copy_(prev)
             torch.ops.aten.silu.out(x, out=xin[..., width:])

@@ -5,6 +5,7 @@ vocoder's CUDA graph == eager at the official config, and the torch.compile'd st
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -254,19 +255,25 @@ def test_prefill_graphs_equal_the_same_buckets_eager() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_join_silu_equals_silu_then_cat(dtype: torch.dtype) -> None:
     """model.vocoder_kernels.join_silu == cat([prev, silu(x)]) for strided views of both inputs (the state rows and a
-    transposed conv's trimmed output are views), including an empty history and a block-crossing length."""
+    transposed conv's trimmed output are views), including an empty history and a block-crossing length, in both
+    output layouts (contiguous; time-major for the channels-last decoder)."""
     from model import vocoder_kernels
 
     if not vocoder_kernels.AVAILABLE:
         pytest.skip("Triton is not installed")
     gen = torch.Generator(device="cuda").manual_seed(7)
-    for batch, channels, width, length in [(3, 8, 30, 1500), (64, 256, 12, 192), (2, 16, 0, 7), (1, 1, 5, 4100)]:
+    shapes = [(3, 8, 30, 1500), (64, 256, 12, 192), (2, 16, 0, 7), (1, 1, 5, 4100), (2, 300, 6, 50)]
+    for (batch, channels, width, length), time_major in itertools.product(shapes, (False, True)):
         base = torch.randn(batch, channels * width + 9, generator=gen, device="cuda").to(dtype)
-        prev = base[:, 4 : 4 + channels * width].view(batch, channels, width)
+        rows = base[:, 4 : 4 + channels * width]
+        prev = rows.view(batch, width, channels).transpose(1, 2) if time_major else rows.view(batch, channels, width)
         x = torch.randn(batch, channels, length + 6, generator=gen, device="cuda").to(dtype)[..., 3 : 3 + length]
-        got = vocoder_kernels.join_silu(prev, x)
+        if time_major:
+            x = x.transpose(1, 2).contiguous().transpose(1, 2)
+        got = vocoder_kernels.join_silu(prev, x, time_major=time_major)
         expected = torch.cat([prev, torch.nn.functional.silu(x)], -1)
-        assert got.is_contiguous() and torch.equal(got[..., :width], prev)
+        layout = got.transpose(1, 2) if time_major else got
+        assert layout.is_contiguous() and torch.equal(got[..., :width], prev)
         torch.testing.assert_close(got, expected, rtol=1e-6 if dtype == torch.float32 else 8e-3, atol=1e-6)
 
 
