@@ -168,7 +168,7 @@ class Engine:
                 raise Overloaded(
                     f"all {self.capacity} sessions are in use; retry later (--max-sessions sets the limit)"
                 )
-            behind = worker.admission.refusal()
+            behind = worker.admission.refusal(working=len(self._sessions) - worker.idle_streams)
             if behind is not None:
                 raise Overloaded(behind)
             session = Session(voice, settings, self._send, loop, max_queued_chars=self.config.max_queued_chars)
@@ -256,6 +256,8 @@ class Engine:
             # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
             "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
             "behind_real_time": int(w.admission.behind_now()),
+            # streams with work that --admission-turn-fraction's limit allows, estimated from the last turns (0: none)
+            "admission_capacity": round(w.admission.capacity() or 0.0, 1),
             # graphs still to be captured in idle time; until 0, a burst may pay captures inside its turns
             "graphs_missing": w.b.graphs_missing,
         }

@@ -7,7 +7,14 @@ with text lengths, voices and chunk sizes; this guard watches it. The worker rec
 their running average exceeds `max_turn_fraction` of a frame, new sessions are refused (Overloaded, 503 / 1013 with
 Retry-After) so the streams already running keep real time. It admits again once the average is back under
 `RESUME_RATIO` of that limit (hysteresis), or once no decoding turn has run for `STALE_S` (the engine went idle).
-Off unless configured (`--admission-turn-fraction`).
+
+The average lags a burst: on the H200 (run 15, 384 clients arriving over 9 s) sessions kept being admitted until it
+crossed the limit, turns reached 69 ms, and 92 % of the admitted streams underran. So a second bound caps how many
+sessions may have work at once: the streams the last turns suggest fit the limit, `limit × rows / turn` from the
+running averages of decoding rows and turn time. A turn costs a fixed part plus a part per row, so this estimate is
+low at light load and rises turn by turn towards the real capacity (1 row in 3 ms → 13 streams → …): a burst is let
+in a few turns' worth at a time instead of all at once. The estimate survives idle periods (it describes the engine,
+not the moment). Off unless configured (`--admission-turn-fraction`).
 """
 
 from __future__ import annotations
@@ -26,16 +33,19 @@ class RealtimeAdmission:
         self.frame_s = frame_s
         self.limit_s = None if max_turn_fraction is None else max_turn_fraction * frame_s
         self.turn_avg_s = 0.0
+        self.rows_avg = 0.0
         self.behind = False
         self._last_turn_at = -float("inf")
 
-    def record_turn(self, seconds: float, now: float | None = None) -> None:
-        """A turn that decoded took `seconds` (worker thread)."""
+    def record_turn(self, seconds: float, rows: int = 1, now: float | None = None) -> None:
+        """A turn that decoded `rows` streams took `seconds` (worker thread)."""
         now = time.monotonic() if now is None else now
         if self._stale(now - seconds):  # measured from the turn's start: a long turn is not a pause
             self.turn_avg_s = seconds  # the first turn after a pause starts the average afresh
+            self.rows_avg = float(rows)
         else:
             self.turn_avg_s += SMOOTHING * (seconds - self.turn_avg_s)
+            self.rows_avg += SMOOTHING * (rows - self.rows_avg)
         self._last_turn_at = now
         if self.limit_s is not None:
             if self.turn_avg_s > self.limit_s:
@@ -53,12 +63,27 @@ class RealtimeAdmission:
         now = time.monotonic() if now is None else now
         return self.limit_s is not None and self.behind and not self._stale(now)
 
-    def refusal(self, now: float | None = None) -> str | None:
-        """Why a new session must wait now, or None to admit it."""
-        if not self.behind_now(now):
+    def capacity(self) -> float | None:
+        """Streams with work that the limit allows, estimated from the last turns (None: off or nothing measured)."""
+        if self.limit_s is None or self.turn_avg_s <= 0:
             return None
-        return (
-            f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for {self.frame_s * 1e3:.0f} "
-            "ms of audio per stream, so new sessions wait until it catches up; retry later "
-            "(--admission-turn-fraction sets the limit)"
-        )
+        # at least one: an engine too slow for even one stream in real time still serves one at a time
+        return max(1.0, self.limit_s * max(self.rows_avg, 1.0) / self.turn_avg_s)
+
+    def refusal(self, working: int = 0, now: float | None = None) -> str | None:
+        """Why a new session must wait now, or None to admit it; `working` = sessions that have work now (admitted
+        sessions that are not idle), which the new one would join."""
+        if self.behind_now(now):
+            return (
+                f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for "
+                f"{self.frame_s * 1e3:.0f} ms of audio per stream, so new sessions wait until it catches up; retry "
+                "later (--admission-turn-fraction sets the limit)"
+            )
+        capacity = self.capacity()
+        if capacity is not None and working + 1 > capacity:
+            return (
+                f"the engine is at its real-time capacity: {working} streams have work and the last turns "
+                f"({self.turn_avg_s * 1e3:.0f} ms for {self.rows_avg:.0f} streams) allow about {capacity:.0f}; "
+                "retry later (--admission-turn-fraction sets the limit)"
+            )
+        return None

@@ -109,6 +109,7 @@ class Worker:
         self.free_prefix_rows = list(backend.prefix_rows)
         self.stats = WorkerStats()
         self.rate_hz = backend.info.sample_rate_hz
+        self.idle_streams = 0  # set at the end of each turn (see turn)
         self.admission = RealtimeAdmission(
             backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction
         )
@@ -235,14 +236,17 @@ class Worker:
         t1 = time.perf_counter()
         self._prefill_step()
         self.stats.prefill_s += time.perf_counter() - t1
-        decoded = self._decode_step() if self.rows.active else False
+        rows = self.rows.active
+        decoded = self._decode_step() if rows else False
         self._vocode_ready()
         self._flush_ended()
         self.stats.turns += 1
         turn_s = time.perf_counter() - t0
         self.stats.turn_s += turn_s
         if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
-            self.admission.record_turn(turn_s)
+            self.admission.record_turn(turn_s, rows)
+        # sessions with nothing to do (admission counts the others against its capacity); read by other threads
+        self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
 
     def _start_segment(self, st: Stream) -> None:
         utt, text = st.pending.popleft()

@@ -88,3 +88,80 @@ def test_turns_that_only_wait_for_back_pressured_clients_do_not_count() -> None:
 
     stalled, refusal = asyncio.run(main())
     assert stalled and refusal is None
+
+
+def test_capacity_lets_a_burst_in_a_few_turns_at_a_time_up_to_the_limit() -> None:
+    """A burst far above capacity (the H200's run 15: 384 clients, turns of 3 ms + 0.12 ms a stream): admitting only
+    as many sessions as the last turns' estimate allows ramps up turn by turn and settles near the streams that fit
+    the limit, never past it — where the average alone let sessions in until turns took 69 ms."""
+    limit = 0.9 * FRAME_S
+    fixed_s, per_row_s = 0.003, 0.00012
+    fits = int((limit - fixed_s) / per_row_s)  # 323 streams: the real capacity at the limit
+    guard = RealtimeAdmission(FRAME_S, 0.9)
+    working, t, turns = 1, 0.0, []
+    for _ in range(60):
+        t += 0.05
+        guard.record_turn(fixed_s + per_row_s * working, rows=working, now=t)
+        turns.append(fixed_s + per_row_s * working)
+        while working < 1000 and guard.refusal(working=working, now=t) is None:  # the burst waits at the door
+            working += 1
+    assert max(turns) <= limit  # no turn past the limit, so no admitted stream underruns
+    assert 0.9 * fits <= working <= fits, (working, fits)
+    message = guard.refusal(working=working, now=t)
+    assert message is not None and "real-time capacity" in message and "--admission-turn-fraction" in message
+
+
+def test_capacity_counts_only_sessions_with_work_and_always_admits_one() -> None:
+    guard = RealtimeAdmission(FRAME_S, 0.9)
+    assert guard.capacity() is None and guard.refusal(working=500, now=0.0) is None  # nothing measured yet
+    guard.record_turn(0.02, rows=2, now=1.0)  # 10 ms a stream: ~4 fit 41.8 ms
+    assert guard.capacity() == pytest.approx(0.9 * FRAME_S * 2 / 0.02)
+    assert guard.refusal(working=3, now=1.0) is None and guard.refusal(working=4, now=1.0) is not None
+    slow = RealtimeAdmission(FRAME_S, 0.9)
+    slow.record_turn(2 * FRAME_S, rows=1, now=1.0)  # too slow for even one stream: it still serves one
+    assert slow.refusal(working=0, now=1.0 + STALE_S + 1) is None and slow.capacity() == 1.0
+    assert RealtimeAdmission(FRAME_S, None).capacity() is None
+
+
+def test_sessions_without_work_do_not_count_against_the_capacity() -> None:
+    """On a real engine with a limit no CPU turn meets (capacity 1): once the average is stale, idle sessions are all
+    admitted (a live socket waiting for text costs the GPU nothing), one speaking session fills the capacity so the
+    next one is refused with the flag named, and when it has finished the next one is admitted again."""
+    import asyncio
+    import time
+
+    from streaming.errors import Overloaded
+    from streaming.session import SynthesisSettings, Voice
+    from tests.streaming.engine_helpers import running_engine, speak
+
+    async def settle(engine, idle: int) -> None:  # the worker has counted its idle sessions and the average is stale
+        deadline = time.monotonic() + 30
+        while engine._worker.idle_streams != idle:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(STALE_S + 0.2)
+
+    async def main() -> None:
+        with running_engine(max_sessions=6, admission_turn_fraction=0.01) as engine:
+            first = engine.open_session(Voice(), SynthesisSettings(seed=1))
+            await speak(first, "Hello there.")
+            assert engine._worker.admission.capacity() == 1.0
+            await settle(engine, 1)
+            idle = [first]
+            for n in range(3):
+                idle.append(engine.open_session(Voice(), SynthesisSettings(seed=2 + n)))
+                await settle(engine, len(idle))
+            speaking = asyncio.ensure_future(
+                speak(idle[1], "A sentence long enough to keep the engine busy for a while.")
+            )
+            deadline = time.monotonic() + 30
+            while engine._worker.idle_streams == len(idle):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            with pytest.raises(Overloaded, match="--admission-turn-fraction"):
+                engine.open_session(Voice(), SynthesisSettings(seed=9))
+            await speaking
+            await settle(engine, len(idle))
+            engine.open_session(Voice(), SynthesisSettings(seed=10)).close()
+
+    asyncio.run(main())
