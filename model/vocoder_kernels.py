@@ -8,10 +8,13 @@ buffer at full width: one program per (row, block of time).
 
 Numerics: silu is computed in fp32 as x / (1 + exp(−x)) and rounded once, as ATen's CUDA silu does; exp may differ
 from ATen's in the last bit, so the result matches `F.silu` to rounding, not bitwise (tests/model/test_gpu.py).
-Without Triton (CPU-only installs) `AVAILABLE` is False and callers keep the PyTorch path.
+Without Triton (CPU-only installs) or on a GPU older than Volta, `supported(device)` is False and callers keep the
+PyTorch path.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -24,6 +27,15 @@ except ImportError:  # the CPU wheels of torch ship without Triton
     AVAILABLE = False
 
 MAX_BLOCK = 1024  # time steps per program
+MIN_CAPABILITY = (7, 0)  # Triton's GPU backend needs Volta or newer; older GPUs keep the PyTorch path
+
+
+@functools.cache
+def supported(device: torch.device) -> bool:
+    """Whether join_silu can run on this device (CUDA, Triton installed, a GPU Triton compiles for)."""
+    if not AVAILABLE or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
 
 
 if AVAILABLE:

@@ -22,9 +22,9 @@ from .vocoder import FireflyCodec
 #   "cat"    silu, then cat: two passes over the activation (the cats were 19 of 80 ms at 64 × 24 frames, run 13);
 #   "out"    silu written into the joined buffer (`silu.out`): one pass, but ATen's generic strided kernel (run 15);
 #   "triton" model.vocoder_kernels.join_silu: one pass at full width, any strides;
-#   "auto"   triton on CUDA where Triton is installed, else out on CUDA; cat on CPU, where a strided `out=` takes
-#            ATen's scalar silu (it rounds differently from the vectorised one, ~3e-8) and a 24-frame chunk of the
-#            default voice took 31 ms either way.
+#   "auto"   triton on CUDA where Triton runs (vocoder_kernels.supported), else out; cat on CPU, where a strided
+#            `out=` takes ATen's scalar silu (it rounds differently from the vectorised one, ~3e-8) and a 24-frame
+#            chunk of the default voice took 31 ms either way.
 # Compiled (torch.compile) chunks always take "cat": inductor fuses it into one kernel (and refuses strided `out=`).
 SILU_JOIN = "auto"
 
@@ -34,7 +34,7 @@ def _silu_join(x: torch.Tensor) -> str:
         return SILU_JOIN
     if x.device.type != "cuda":
         return "cat"
-    return "triton" if vocoder_kernels.AVAILABLE else "out"
+    return "triton" if vocoder_kernels.supported(x.device) else "out"
 
 
 class _SlotContext:

@@ -312,3 +312,12 @@ def test_compiled_chunk_decode_traces_once_for_every_batch_and_chunk_size():
         assert counters["stats"]["unique_graphs"] == 1, channels_last
     assert compiled_regions.failed_regions() == []
     compiled_regions.reset()
+
+
+def test_auto_join_on_cpu_is_silu_then_cat() -> None:
+    """ "auto" keeps the plain join on a CPU (no Triton path there; a strided `silu.out` rounds differently)."""
+    from model import vocoder_kernels
+
+    assert vocoder_stream.SILU_JOIN == "auto"
+    assert vocoder_stream._silu_join(torch.zeros(1, 2, 3)) == "cat"
+    assert vocoder_kernels.supported(torch.device("cpu")) is False
