@@ -20,13 +20,13 @@ import torch
 
 from bench.fullsize import environment, event_ms, random_codec, wall_ms, write_json
 from bench.profile_step import kernel_profile
-from model import compiled_regions, vocoder_stream
+from model import codec_layers, compiled_regions, vocoder_stream
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
 # "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN);
-# "+bench": cudnn.benchmark (e.g. "graph@triton+bench")
+# "+bench": cudnn.benchmark (e.g. "graph@triton+bench"); "+tbias": conv biases by a Triton kernel
 VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")
 PROFILE_SHAPES = ((1, 8), (64, 24))  # per-kernel profile of these graphs (GPU)
 
@@ -63,6 +63,8 @@ def run_variant(
     vocoder_stream.SILU_JOIN = variant.split("@")[1].split("+", maxsplit=1)[0] if "@" in variant else "auto"
     # "+bench": cuDNN autotunes each conv shape's algorithm at its first call (graph warm-up) instead of its heuristic
     torch.backends.cudnn.benchmark = "+bench" in variant
+    # "+tbias": conv biases added by the Triton kernel (model.codec_layers.BIAS_ADD)
+    codec_layers.BIAS_ADD = "triton" if "+tbias" in variant else "aten"
     backend = "inductor" if "compiled" in variant else None
     channels_last = "+cl" in variant
     compiled_regions.reset(static_shapes="+static" in variant)

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import vocoder_kernels
+
 # ConvNeXt block constants from upstream (LayerNorm eps, MLP expansion ratio).
 CONVNEXT_NORM_EPS = 1e-6
 CONVNEXT_MLP_RATIO = 4
@@ -38,6 +40,23 @@ def cat_time(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if is_time_minor(b):
         return torch.cat([a.transpose(1, 2), b.transpose(1, 2)], dim=1).transpose(1, 2)
     return torch.cat([a, b], dim=-1)
+
+
+# How a decode-path conv adds its bias: "aten" (inside F.conv1d: cuDNN's output, then ATen's broadcast add, which
+# runs its generic elementwise kernel) or "triton" (model.vocoder_kernels.add_channel_bias_ at full width; CUDA,
+# default layout, inference only — no autograd — and not under torch.compile). Off until measured on a GPU (run 15
+# counted 223 generic elementwise kernels, 14.6 of 60 ms, in a 64 × 24-frame call; these adds are most of them).
+BIAS_ADD = "aten"
+
+
+def _triton_bias(x: torch.Tensor, time_minor: bool) -> bool:
+    return (
+        BIAS_ADD == "triton"
+        and not time_minor
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and vocoder_kernels.supported(x.device)
+    )
 
 
 class LeftContext(Protocol):
@@ -114,6 +133,11 @@ class CausalConv1d(CausalLayer):
             # picks the channels-last kernels when either is): a suspect for the two cuDNN grouped-direct calls of
             # 91 ms each at 64 × 24 frames on an H200 (run 14; not identified); the copies cost microseconds
             x, w = x.contiguous(), w.contiguous()
+        if b is not None and _triton_bias(x, self.time_minor):
+            y = F.conv1d(x, w, None, stride=self.stride, dilation=self.dilation, groups=self.groups)
+            if y.is_contiguous():
+                return vocoder_kernels.add_channel_bias_(y, b)
+            return y + b[:, None]
         y = F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
         return as_time_minor(y) if self.time_minor else y
 
@@ -167,7 +191,12 @@ class CausalConvTranspose1d(CausalLayer):
             x = F.silu(x)
         if self.time_minor and self.conv.kernel_size[0] % self.stride == 0:
             return self._as_matmul(x, n_new)
-        y = F.conv_transpose1d(x, self.conv.weight, self.conv.bias, stride=self.stride)
+        b = self.conv.bias
+        if b is not None and _triton_bias(x, self.time_minor):
+            y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)
+            y = vocoder_kernels.add_channel_bias_(y, b) if y.is_contiguous() else y + b[:, None]
+        else:
+            y = F.conv_transpose1d(x, self.conv.weight, b, stride=self.stride)
         y = y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)
         return as_time_minor(y) if self.time_minor else y
 

@@ -299,3 +299,34 @@ def test_streaming_vocoder_silu_joins_agree_official(monkeypatch: pytest.MonkeyP
         assert (audio[join] - audio["cat"]).abs().max() <= 1e-5, join
     monkeypatch.setattr(vocoder_stream, "SILU_JOIN", "auto")
     assert vocoder_stream._silu_join(codes) == ("triton" if vocoder_kernels.supported(codes.device) else "out")
+
+
+@torch.inference_mode()
+def test_triton_channel_bias_equals_atens_add_and_the_decode_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """codec_layers.BIAS_ADD = "triton" (off by default until measured): the in-place bias kernel equals ATen's
+    broadcast add (fp32 exactly, bf16 to one rounding), and a chunked fp32 decode with it equals the default one."""
+    from model import codec_layers, vocoder_kernels
+
+    if not vocoder_kernels.supported(torch.device("cuda")):
+        pytest.skip("Triton does not run here")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in [(3, 16, 4100), (64, 256, 192), (1, 1, 1)]:
+            y = torch.randn(shape, generator=gen, device="cuda").to(dtype)
+            bias = torch.randn(shape[1], generator=gen, device="cuda").to(dtype)
+            expected = y + bias[:, None]
+            got = vocoder_kernels.add_channel_bias_(y.clone(), bias)
+            if dtype == torch.float32:
+                assert torch.equal(got, expected)
+            else:
+                torch.testing.assert_close(got, expected, rtol=8e-3, atol=1e-6)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    codec = random_codec("cuda", torch.float32)
+    codes = torch.randint(0, 1000, (2, codec.config.rows, 12), generator=gen, device="cuda")
+    slots = torch.tensor([1, 0], device="cuda")
+    audio = {}
+    for mode in ("aten", "triton"):
+        monkeypatch.setattr(codec_layers, "BIAS_ADD", mode)
+        decoder = StreamingDecoder(codec, max_slots=2)
+        audio[mode] = torch.cat([decoder.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)], -1)
+    assert (audio["triton"] - audio["aten"]).abs().max() <= 1e-5

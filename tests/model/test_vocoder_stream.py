@@ -321,3 +321,33 @@ def test_auto_join_on_cpu_is_silu_then_cat() -> None:
     assert vocoder_stream.SILU_JOIN == "auto"
     assert vocoder_stream._silu_join(torch.zeros(1, 2, 3)) == "cat"
     assert vocoder_kernels.supported(torch.device("cpu")) is False
+
+
+def test_triton_bias_runs_only_for_inference_in_the_default_layout(monkeypatch) -> None:
+    """codec_layers.BIAS_ADD = "triton" hands each conv's bias to the kernel only where it can run and nothing needs
+    gradients: with autograd on (codec training) the convs keep ATen's add. The kernel is stood in for by the same
+    add on CPU, so the audio must not change; the GPU test compares the real kernel."""
+    from model import codec_layers, vocoder_kernels
+
+    codec = small_codec()
+    torch.manual_seed(6)
+    codes = torch.randint(0, codec.config.codebook_size, (1, codec.config.rows, 8))
+    with torch.no_grad():
+        expected = codec.decode(codes)
+    calls = []
+
+    def stand_in(y, bias):
+        calls.append(y.shape)
+        return y.add_(bias[:, None])
+
+    monkeypatch.setattr(codec_layers, "BIAS_ADD", "triton")
+    monkeypatch.setattr(vocoder_kernels, "supported", lambda device: True)
+    monkeypatch.setattr(vocoder_kernels, "add_channel_bias_", stand_in)
+    with torch.no_grad():
+        got = codec.decode(codes)
+    assert calls and _max_diff(got, expected) <= 1e-6
+    calls.clear()
+    codec.requires_grad_(True)  # as codec training has it: autograd on, no in-place kernel
+    trained = codec.decode_with_context(codes, None)
+    assert calls == [] and trained.requires_grad
+    assert _max_diff(trained.detach(), expected) <= 1e-6
