@@ -367,7 +367,8 @@ class Backend:
                 codes_t = self._to_device(torch.from_numpy(np.stack([codes[i] for i in batch])))
                 slots_t = self._to_device(torch.tensor([slots[i] for i in batch]))
                 decode = self.vocoder_graphs.decode if self.vocoder_graphs is not None else self.vocoder.decode
-                launched.append((batch, decode(codes_t, slots_t).to(torch.float32, copy=True)))
+                graphed = self.vocoder_graphs is not None  # a graph's output buffer is reused: copy it out
+                launched.append((batch, decode(codes_t, slots_t).to(torch.float32, copy=graphed)))
                 rows_run = self.vocoder_graphs.bucket(len(batch)) if self.vocoder_graphs is not None else len(batch)
                 self.vocode_calls += 1
                 self.vocode_frames_run += rows_run * codes_t.shape[-1]  # graph padding rows included
