@@ -13,8 +13,8 @@ crossed the limit, turns reached 69 ms, and 92 % of the admitted streams underra
 sessions may have work at once: the streams the last turns suggest fit the limit, `limit × rows / turn` from the
 running averages of decoding rows and turn time. A turn costs a fixed part plus a part per row, so this estimate is
 low at light load and rises turn by turn towards the real capacity (1 row in 3 ms → 13 streams → …): a burst is let
-in a few turns' worth at a time instead of all at once. The estimate survives idle periods (it describes the engine,
-not the moment). Off unless configured (`--admission-turn-fraction`).
+in a few turns' worth at a time instead of all at once. Before the first decoding turn it is one stream; it survives
+idle periods (it describes the engine, not the moment). Off unless configured (`--admission-turn-fraction`).
 """
 
 from __future__ import annotations
@@ -64,9 +64,13 @@ class RealtimeAdmission:
         return self.limit_s is not None and self.behind and not self._stale(now)
 
     def capacity(self) -> float | None:
-        """Streams with work that the limit allows, estimated from the last turns (None: off or nothing measured)."""
-        if self.limit_s is None or self.turn_avg_s <= 0:
+        """Streams with work that the limit allows, estimated from the last turns (None: off). Before the first
+        decoding turn nothing is known, so one: a burst at a fresh server waits a turn for the first estimate
+        instead of flooding in."""
+        if self.limit_s is None:
             return None
+        if self.turn_avg_s <= 0:
+            return 1.0
         # at least one: an engine too slow for even one stream in real time still serves one at a time
         return max(1.0, self.limit_s * max(self.rows_avg, 1.0) / self.turn_avg_s)
 

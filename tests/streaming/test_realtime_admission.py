@@ -113,7 +113,9 @@ def test_capacity_lets_a_burst_in_a_few_turns_at_a_time_up_to_the_limit() -> Non
 
 def test_capacity_counts_only_sessions_with_work_and_always_admits_one() -> None:
     guard = RealtimeAdmission(FRAME_S, 0.9)
-    assert guard.capacity() is None and guard.refusal(working=500, now=0.0) is None  # nothing measured yet
+    # nothing measured yet (a fresh server): one at a time until the first turn gives an estimate
+    assert guard.capacity() == 1.0 and guard.refusal(working=0, now=0.0) is None
+    assert "real-time capacity" in (guard.refusal(working=1, now=0.0) or "")
     guard.record_turn(0.02, rows=2, now=1.0)  # 10 ms a stream: ~4 fit 41.8 ms
     assert guard.capacity() == pytest.approx(0.9 * FRAME_S * 2 / 0.02)
     assert guard.refusal(working=3, now=1.0) is None and guard.refusal(working=4, now=1.0) is not None
