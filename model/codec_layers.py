@@ -59,6 +59,11 @@ def _triton_bias(x: torch.Tensor, time_minor: bool) -> bool:
     )
 
 
+def _add_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A conv output (B, C, T) plus its bias, by the Triton kernel where the output is contiguous (`_triton_bias`)."""
+    return vocoder_kernels.add_channel_bias_(y, bias) if y.is_contiguous() else y + bias[:, None]
+
+
 class LeftContext(Protocol):
     """Supplies a stateful layer's previous inputs and records its newest ones (implemented by vocoder_stream)."""
 
@@ -130,14 +135,12 @@ class CausalConv1d(CausalLayer):
             return self._depthwise_time_minor(x)
         if self.time_minor and self.conv.out_channels == 1:
             # one output channel (the head's conv_post, at the audio rate) channels-first, input and weight (PyTorch
-            # picks the channels-last kernels when either is): a suspect for the two cuDNN grouped-direct calls of
-            # 91 ms each at 64 × 24 frames on an H200 (run 14; not identified); the copies cost microseconds
+            # picks the channels-last kernels when either is). Run 14 suspected it of the two 91 ms cuDNN calls at
+            # 64 × 24 frames; run 15 found those in two dilated 256-channel convs instead (GraphedVocoder's
+            # cudnn_benchmark avoids them). Kept: its effect alone was not measured; the copies cost microseconds
             x, w = x.contiguous(), w.contiguous()
         if b is not None and _triton_bias(x, self.time_minor):
-            y = F.conv1d(x, w, None, stride=self.stride, dilation=self.dilation, groups=self.groups)
-            if y.is_contiguous():
-                return vocoder_kernels.add_channel_bias_(y, b)
-            return y + b[:, None]
+            return _add_bias(F.conv1d(x, w, None, stride=self.stride, dilation=self.dilation, groups=self.groups), b)
         y = F.conv1d(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
         return as_time_minor(y) if self.time_minor else y
 
@@ -193,8 +196,7 @@ class CausalConvTranspose1d(CausalLayer):
             return self._as_matmul(x, n_new)
         b = self.conv.bias
         if b is not None and _triton_bias(x, self.time_minor):
-            y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)
-            y = vocoder_kernels.add_channel_bias_(y, b) if y.is_contiguous() else y + b[:, None]
+            y = _add_bias(F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride), b)
         else:
             y = F.conv_transpose1d(x, self.conv.weight, b, stride=self.stride)
         y = y[..., skip : skip + n_new * self.stride]  # (B, C_out, T·s)

@@ -1,10 +1,12 @@
-"""One Triton kernel for the streaming vocoder: join a causal conv's history with silu(x) in one pass.
+"""Triton kernels for the streaming vocoder: join a causal conv's history with silu(x) in one pass (contiguous or
+time-major output), and add a conv's bias in place.
 
 Every silu-first conv of a streaming chunk needs `cat([history (B, C, W), silu(x) (B, C, T)], -1)`. As PyTorch ops
 that is a silu pass and a cat pass (run 13: the cats were 19 of 80 ms at 64 × 24 frames on an H200); as `silu.out`
 into the joined buffer it is one pass, but the strided output sends ATen to its generic elementwise kernel (run 15:
 415 such kernels, 26.5 of 67 ms). This kernel reads both inputs with any strides and writes the contiguous joined
-buffer at full width: one program per (row, block of time).
+buffer at full width: one program per (row, block of time). The bias kernel replaces ATen's broadcast add, which
+also runs the generic kernel; it is off until measured (model.codec_layers.BIAS_ADD).
 
 Numerics: silu is computed in fp32 as x / (1 + exp(−x)) and rounded once, as ATen's CUDA silu does; exp may differ
 from ATen's in the last bit, so the result matches `F.silu` to rounding, not bitwise (tests/model/test_gpu.py).
@@ -32,7 +34,7 @@ MIN_CAPABILITY = (7, 0)  # Triton's GPU backend needs Volta or newer; older GPUs
 
 @functools.cache
 def supported(device: torch.device) -> bool:
-    """Whether join_silu can run on this device (CUDA, Triton installed, a GPU Triton compiles for)."""
+    """Whether these kernels can run on this device (CUDA, Triton installed, a GPU Triton compiles for)."""
     if not AVAILABLE or device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY

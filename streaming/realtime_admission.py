@@ -85,9 +85,14 @@ class RealtimeAdmission:
             )
         capacity = self.capacity()
         if capacity is not None and working + 1 > capacity:
+            basis = (
+                f"the last turns ({self.turn_avg_s * 1e3:.0f} ms for {self.rows_avg:.0f} streams) allow about "
+                f"{capacity:.0f}"
+                if self.turn_avg_s > 0
+                else "until its first turn is measured it takes one"
+            )
             return (
-                f"the engine is at its real-time capacity: {working} streams have work and the last turns "
-                f"({self.turn_avg_s * 1e3:.0f} ms for {self.rows_avg:.0f} streams) allow about {capacity:.0f}; "
-                "retry later (--admission-turn-fraction sets the limit)"
+                f"the engine is at its real-time capacity: {working} streams have work and {basis}; retry later "
+                "(--admission-turn-fraction sets the limit)"
             )
         return None

@@ -109,7 +109,7 @@ class Worker:
         self.free_prefix_rows = list(backend.prefix_rows)
         self.stats = WorkerStats()
         self.rate_hz = backend.info.sample_rate_hz
-        self.idle_streams = 0  # set at the end of each turn (see turn)
+        self.idle_streams = 0  # set at the end of each turn while admission is on (see turn); read by other threads
         self.admission = RealtimeAdmission(
             backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction
         )
@@ -245,8 +245,8 @@ class Worker:
         self.stats.turn_s += turn_s
         if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
             self.admission.record_turn(turn_s, rows)
-        # sessions with nothing to do (admission counts the others against its capacity); read by other threads
-        self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
+        if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
+            self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
 
     def _start_segment(self, st: Stream) -> None:
         utt, text = st.pending.popleft()
