@@ -75,6 +75,9 @@ run_level() {
   curl -s localhost:7860/metrics > "/tmp/metrics_after_$level.txt"
   python3 bench/turn_attribution.py "/tmp/metrics_before_$level.txt" "/tmp/metrics_after_$level.txt" --level "$level" \
     | tee -a "$OUT/turns.txt"
+  cp "/tmp/metrics_after_$level.txt" "$OUT/metrics_${TAG:-}$level.txt"
+  grep -E 'what="(slow_turns|turn_max_seconds|gc_[a-z_]*|admission_[a-z]*)"' "/tmp/metrics_after_$level.txt" \
+    | sed 's/^fishgate_engine{what="\([a-z_]*\)"} /  \1 /' | tr '\n' ' ' | tee -a "$OUT/turns.txt"; echo | tee -a "$OUT/turns.txt"
   if [ -f "$OUT/spy_$level.txt" ]; then
     python3 bench/spy_summary.py "$OUT/spy_$level.txt" --seconds "${PROFILE_S:-20}" --rate 100 --top 10 \
       | tee "$OUT/spy_${level}_summary.txt" | head -60
@@ -83,7 +86,7 @@ run_level() {
 for level in ${LEVELS:-1 64 256 384 512}; do run_level $level; done
 stamp "done"
 kill -TERM $SERVER; wait $SERVER
-grep -E "engine ready|ERROR|CRITICAL" "$OUT/server.log" | head -20
+grep -E "engine ready|ERROR|CRITICAL|slow turn|garbage collection" "$OUT/server.log" | head -30
 if [ -n "${WARM_RESTART:-}" ]; then
   stamp "warm restart"
   ts=$(date +%s); serve server_warm.log "${WARM_SERVE_ARGS:-}"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call for what run 15 left unmeasured (bench/NOTES.md, "The next device call … after run 15"):
-#   1. GPU tests of the Triton vocoder kernels (history join in both layouts, conv bias) and the channels-last graphs;
-#   2. vocoder timing: the default (Triton join), + the Triton bias kernel, channels-last with cuDNN autotuning;
-#   3. `fishgate serve` end to end at 384 steady streams with the capacity-bounded `--admission-turn-fraction 0.9`
-#      and every bucket compiled (run 15 without the bound: 92 % of the admitted streams underran), py-spy included.
+# One device call (run 16, call 2; bench/NOTES.md "Run 16"):
+#   1. GPU tests of the Triton vocoder kernels (history join and conv bias, both layouts) and the channels-last graphs;
+#   2. vocoder timing: the default (Triton join and bias since run 16) against channels-last with cuDNN autotuning
+#      and the bias kernel in its time-major form, with a per-ATen-op profile of the channels-last call;
+#   3. `fishgate serve` end to end at 384 and 512 offered streams with `--admission-turn-fraction 0.9` (sessions
+#      wait up to --admission-wait-s for room), every bucket compiled; slow turns and GC pauses logged by the server.
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_vocoder_admission_gpu.sh
 # Everything lands in $OUT/all.tgz (one file: the device returns a limited number of files).
 set -u
@@ -16,12 +17,13 @@ mkdir -p $work
 timeout 90 python3 -m pytest -q tests/model/test_gpu.py -k "triton or silu_joins or channels_last" -p no:cacheprovider \
   -rf --tb=short > $work/gpu_tests.txt 2>&1
 tail -4 $work/gpu_tests.txt
-timeout 170 python3 -m bench.vocoder_variants --variants graph@triton,graph@triton+tbias,graph+cl+bench \
+timeout 170 python3 -m bench.vocoder_variants --variants "${VOCODER_VARIANTS:-graph,graph+cl+bench+ops}" \
   --shapes 1x8,64x24,256x24 --budget-s 150 --out $work/vocoder.json > $work/vocoder.txt 2>&1
-tail -12 $work/vocoder.txt
-OUT=$work SKIP_TESTS=1 WAVES=2 RAMP_S=9 LEVELS="384" LEVEL_TIMEOUT_S=100 WARM_CONC=16 PROFILE_LEVEL=384 \
-  PROFILE_AFTER_S=12 PROFILE_S=15 GRAPH_WAIT_S=75 READY_LIMIT_S=240 \
-  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on --admission-turn-fraction 0.9 --compile-cache-dir build/cc" \
-  timeout "${E2E_LIMIT_S:-300}" bash bench/run_server_gpu.sh > $work/e2e.txt 2>&1
-grep -E "^level|start|captured|missing|^\| [0-9]|died|not ready|Error" $work/e2e.txt | head -20
+grep -E "^ +op " $work/vocoder.txt | head -16
+tail -8 $work/vocoder.txt
+OUT=$work SKIP_TESTS=1 WAVES=2 RAMP_S=9 LEVELS="${LEVELS:-384 512}" LEVEL_TIMEOUT_S=100 WARM_CONC=16 PROFILE_LEVEL=none \
+  GRAPH_WAIT_S=75 READY_LIMIT_S=240 \
+  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on --admission-turn-fraction 0.9 --compile-cache-dir build/cc ${EXTRA_SERVE_ARGS:-}" \
+  timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh > $work/e2e.txt 2>&1
+grep -E "^level|start|captured|missing|^\| [0-9]|died|not ready|Error|slow turn|garbage|slow_turns" $work/e2e.txt | head -40
 tar czf "$OUT/all.tgz" -C $work .

@@ -26,7 +26,9 @@ from model.vocoder_stream import StreamingDecoder
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
 # "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN);
-# "+bench": cudnn.benchmark (e.g. "graph@triton+bench"); "+tbias": conv biases by a Triton kernel
+# "+bench": cudnn.benchmark (e.g. "graph@triton+bench"); "+aten": conv biases by ATen's add (the default since run 16
+# is the Triton kernel on CUDA, codec_layers.BIAS_ADD "auto"; "+tbias", its old name, is accepted and changes nothing);
+# "+ops": also an eager per-ATen-op profile at the PROFILE_SHAPES (which op launched the slow kernels)
 VARIANTS = ("graph", "graph+cl", "graph+compiled", "graph+cl+compiled")
 PROFILE_SHAPES = ((1, 8), (64, 24))  # per-kernel profile of these graphs (GPU)
 
@@ -63,8 +65,7 @@ def run_variant(
     vocoder_stream.SILU_JOIN = variant.split("@")[1].split("+", maxsplit=1)[0] if "@" in variant else "auto"
     # "+bench": cuDNN autotunes each conv shape's algorithm at its first call (graph warm-up) instead of its heuristic
     torch.backends.cudnn.benchmark = "+bench" in variant
-    # "+tbias": conv biases added by the Triton kernel (model.codec_layers.BIAS_ADD)
-    codec_layers.BIAS_ADD = "triton" if "+tbias" in variant else "aten"
+    codec_layers.BIAS_ADD = "aten" if "+aten" in variant else "auto"
     backend = "inductor" if "compiled" in variant else None
     channels_last = "+cl" in variant
     compiled_regions.reset(static_shapes="+static" in variant)
@@ -87,6 +88,8 @@ def run_variant(
             profile = None
             if (b, f) in PROFILE_SHAPES:
                 profile = kernel_profile(lambda g=graphed, c=chunks[0], s=slots: g.decode(c, s), top=12)
+                if "+ops" in variant:
+                    profile["ops"] = op_profile(lambda d=dec, c=chunks[0], s=slots: d.decode(c, s))
             dec.reset(slots)
             audio = torch.cat([graphed.decode(c, slots).clone() for c in chunks], -1)
         else:
@@ -114,6 +117,23 @@ def run_variant(
     return rows
 
 
+def op_profile(fn, top: int = 15) -> list[dict]:
+    """Device time per ATen op (with its input shapes) of one eager call: which op launched which kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    return [
+        {"op": e.key, "shapes": str(e.input_shapes)[:120], "count": e.count, "us": round(e.self_device_time_total, 1)}
+        for e in events[:top]
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
@@ -138,6 +158,8 @@ def main() -> None:
             print(f"\n{r['variant']} {r['batch']}×{r['frames']}: {p['kernels']} kernels, {p['kernel_us_total']:.0f} µs")
             for k in p["top"]:
                 print(f"  {k['us']:>9.1f} µs {k['count']:>5} × {k['name'][:80]}")
+            for k in p.get("ops", []):
+                print(f"  op {k['us']:>9.1f} µs {k['count']:>5} × {k['op']} {k['shapes']}")
     print(f"\n{'variant':<20}{'batch×frames':>13}{'ms':>9}{'× real time':>13}{'compile s':>11}{'rel err':>10}")
     for r in rows:
         shape = f"{r['batch']}×{r['frames']}"

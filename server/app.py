@@ -131,12 +131,14 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 compile_max_batch=settings.compile_max_batch,
                 compile_vocoder=settings.compile_vocoder == "on",
                 vocoder_half_step_buckets=settings.vocoder_half_step_buckets == "on",
+                vocoder_channels_last=settings.vocoder_channels_last == "on",
                 tune_single_row=settings.compile_tune_single_row == "on",
                 compile_symbolic_batch_above=settings.compile_symbolic_batch_above,
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             ),
             WorkerLimits(admission_turn_fraction=settings.admission_turn_fraction),
             max_queued_chars=settings.max_queued_chars,
+            admission_wait_s=settings.admission_wait_s,
         )
     )
 

@@ -237,7 +237,7 @@ class LiveConnection:
         validate_output_format(params.output)
         gw.check_rate(self.ws)
         voice = await gw.voices.resolve(params.reference_id, [(r.text, r.audio) for r in params.references])
-        self.session = gw.engine.open_session(voice, params.settings)
+        self.session = await gw.engine.admit(voice, params.settings)
         gw.metrics.live_sessions.inc()
         self.params = params
         self.segmenter = Segmenter(params.segmenter)

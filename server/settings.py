@@ -78,6 +78,12 @@ class Settings:
                   "ones captured in idle time), so batched calls pad fewer rows (stand-in device: vocoder time per "
                   "turn -8 %% at 256 streams; H200 run 15, on throughout: 9 %% padding; not measured against off)"},
     )  # fmt: skip
+    vocoder_channels_last: str = field(
+        default="off",
+        metadata={"help": "on | off: the streaming vocoder keeps activations, state and conv weights channels-last "
+                  "(time-major), cuDNN's tensor-core layout, and autotunes its convs while capturing (GPU only; "
+                  "see docs/BENCHMARKS.md, runs 15-16, for when it is faster)"},
+    )  # fmt: skip
     compile_vocoder: str = field(
         default="off",
         metadata={"help": "on | off: torch.compile the streaming vocoder's chunk decode before its CUDA graphs are "
@@ -126,6 +132,12 @@ class Settings:
                   "admit again below 0.8x that, or when the engine idles; sessions with work are also capped at the "
                   "streams the last turns say fit that limit, so a burst comes in a few turns at a time. E.g. 0.9; "
                   "off by default (only --max-sessions limits admission)", "shown_default": "off"},
+    )  # fmt: skip
+    admission_wait_s: float = field(
+        default=2.0,
+        metadata={"help": "with --admission-turn-fraction: how long a new session waits for room before it is refused "
+                  "(a burst then comes in as the capacity estimate grows instead of being refused); 0 refuses at "
+                  "once. At most --max-sessions sessions wait; the wait counts in their time to first audio"},
     )  # fmt: skip
     max_reference_bytes: int = field(default=10 * 2**20, metadata={"help": "largest reference audio file"})
     idle_timeout_s: float = field(default=120.0, metadata={"help": "close a WebSocket silent for this long"})
@@ -214,6 +226,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
     if settings.admission_turn_fraction is not None and not 0 < settings.admission_turn_fraction <= 2:
         raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
+    if not 0 <= settings.admission_wait_s <= 60:
+        raise SystemExit("fishgate: --admission-wait-s must be in [0, 60] seconds")
     if settings.compile_symbolic_batch_above < 1:
         raise SystemExit("fishgate: --compile-symbolic-batch-above must be at least 1 (dynamo specialises one row)")
     if settings.compile_max_batch is not None and settings.compile_max_batch < 0:

@@ -30,7 +30,15 @@ from streaming.errors import (
     ValueOutOfRange,
 )
 from streaming.segmenter import SegmenterConfig
-from streaming.session import AudioChunk, SegmentDone, SessionError, SynthesisSettings, UtteranceDone, Voice
+from streaming.session import (
+    AudioChunk,
+    SegmentDone,
+    Session,
+    SessionError,
+    SynthesisSettings,
+    UtteranceDone,
+    Voice,
+)
 from streaming.synth import segment_text
 
 from .gateway import Gateway
@@ -68,27 +76,33 @@ def error_from_event(ev: SessionError) -> FishgateError:
 class Synthesis:
     """One running synthesis: an engine session speaking one utterance. Iterate `chunks()` once for the bytes.
 
-    Opening validates the output format, refuses text with nothing to speak and opens the session (NotReady /
-    Overloaded raise here, before any response is sent).
+    `open` validates the output format, refuses text with nothing to speak and admits the session (waiting a moment
+    while the real-time admission defers it; NotReady / Overloaded raise here, before any response is sent).
     """
 
-    def __init__(self, engine: Engine, job: SynthesisJob) -> None:
+    def __init__(self, session: Session, output: AudioOutput, segments: int) -> None:
+        self.session = session
+        self.output = output
+        self.segments = segments
+        self.frames = 0  # codec frames generated so far
+        self.audio_samples = 0  # model-rate samples generated so far
+
+    @classmethod
+    async def open(cls, engine: Engine, job: SynthesisJob) -> Synthesis:
         segments = segment_text(job.text, job.segmenter)
         if not segments:
             raise ValueOutOfRange("the text has nothing to speak (only spaces, punctuation or symbols); send words")
         rate_hz = engine.info.sample_rate_hz if engine.info is not None else 44_100
-        self.output = AudioOutput(job.output, rate_hz, speed_range=job.speed_range)
-        self.segments = len(segments)
-        self.frames = 0  # codec frames generated so far
-        self.audio_samples = 0  # model-rate samples generated so far
-        self.session = engine.open_session(job.voice, job.settings)
+        output = AudioOutput(job.output, rate_hz, speed_range=job.speed_range)
+        session = await engine.admit(job.voice, job.settings)
         try:
             for text in segments:
-                self.session.speak(text)
-            self.session.end_utterance()
+                session.speak(text)
+            session.end_utterance()
         except BaseException:
-            self.session.close()
+            session.close()
             raise
+        return cls(session, output, len(segments))
 
     @property
     def media_type(self) -> str:
@@ -154,6 +168,6 @@ async def start_synthesis(
 ) -> tuple[Synthesis, AsyncIterator[bytes]]:
     """Open the synthesis and wait for its first audio; count the request and its time to first audio."""
     gw.metrics.http_requests.labels(api=api).inc()
-    synth = Synthesis(gw.engine, job)
+    synth = await Synthesis.open(gw.engine, job)
     chunks = await primed(synth.chunks(), lambda: gw.metrics.first_audio.observe(time.monotonic() - request_start_s))
     return synth, chunks

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .backend import Backend, BackendConfig, ModelInfo
-from .errors import NotReady, Overloaded
+from .errors import AdmissionDeferred, NotReady, Overloaded
+from .gc_pauses import GcPauses, freeze_startup_objects
 from .session import Session, SynthesisSettings, Voice
 from .worker import Worker, WorkerLimits, run_forever
 
@@ -36,6 +37,7 @@ WARM_UP_TEXT = "Hello world."
 MAX_QUEUED_CHARS = 50_000
 # Reference encodes waiting for the engine's one encoder thread; more are refused (Overloaded) instead of queueing.
 MAX_PENDING_ENCODES = 16
+ADMISSION_POLL_S = 0.01  # how often a deferred session asks again (a turn is 3-50 ms on a GPU)
 
 T = TypeVar("T")
 
@@ -54,6 +56,9 @@ class EngineConfig:
     limits: WorkerLimits = field(default_factory=WorkerLimits)
     warm_up: bool = True
     max_queued_chars: int = MAX_QUEUED_CHARS  # per session: text sent but not yet spoken (Session.speak refuses more)
+    # Engine.admit: how long a new session waits while the real-time admission defers it (a burst comes in as the
+    # capacity estimate grows, turn by turn) before it is refused; 0 refuses at once. At most max_sessions wait.
+    admission_wait_s: float = 2.0
     # what builds the backend on the worker thread (bench/host_ceiling.py swaps in a timed stand-in for the GPU)
     backend_factory: Callable[[BackendConfig], Backend] = Backend
 
@@ -79,6 +84,8 @@ class Engine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="fishgate-worker", daemon=True)
         self._worker: Worker | None = None
+        self.gc_pauses = GcPauses()
+        self.admission_waiting = 0  # sessions waiting in admit() now (event-loop thread only)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,6 +101,7 @@ class Engine:
 
     def _main(self) -> None:
         started = time.perf_counter()
+        self.gc_pauses.install()
         try:
             backend = self.config.backend_factory(self.config.backend)
             self.timings_s.update(backend.timings_s)
@@ -107,10 +115,14 @@ class Engine:
                 _warm_up(worker)
                 self.timings_s["warm_up"] = time.perf_counter() - t0
             backend.graphs_missing = backend.count_missing_graphs()
+            t0 = time.perf_counter()
+            frozen = freeze_startup_objects()  # later collections skip what start-up built (streaming.gc_pauses)
+            self.timings_s["gc_freeze"] = time.perf_counter() - t0
             self.timings_s["total"] = time.perf_counter() - started
             log.info(
-                "engine ready in %.2f s (%s; %d decode graphs)",
+                "engine ready in %.2f s (%s; %d decode graphs; %d start-up objects frozen)",
                 self.timings_s["total"], ", ".join(f"{k} {v:.2f} s" for k, v in self.timings_s.items()), graphs,
+                frozen,
             )  # fmt: skip
             self.state = EngineState.READY
         except Exception as e:
@@ -143,6 +155,7 @@ class Engine:
         self._encoder.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        self.gc_pauses.uninstall()
         if self.state is not EngineState.FAULTED:
             self.state = EngineState.STOPPED
 
@@ -170,7 +183,7 @@ class Engine:
                 )
             behind = worker.admission.refusal(working=len(self._sessions) - worker.idle_streams)
             if behind is not None:
-                raise Overloaded(behind)
+                raise AdmissionDeferred(behind)
             session = Session(voice, settings, self._send, loop, max_queued_chars=self.config.max_queued_chars)
             self._sessions[session.id] = session
         try:
@@ -180,6 +193,31 @@ class Engine:
                 self._sessions.pop(session.id, None)
             raise
         return session
+
+    async def admit(self, voice: Voice, settings: SynthesisSettings, wait_s: float | None = None) -> Session:
+        """open_session, waiting up to `wait_s` (default: the config's admission_wait_s) while the real-time admission
+        defers new sessions; then its refusal stands, with how long it waited. Other refusals (not ready, every
+        session slot taken, more than max_sessions already waiting) are immediate."""
+        wait_s = self.config.admission_wait_s if wait_s is None else wait_s
+        started = time.monotonic()
+        waiting = False
+        try:
+            while True:
+                try:
+                    return self.open_session(voice, settings)
+                except AdmissionDeferred as e:
+                    waited = time.monotonic() - started
+                    if waited >= wait_s or (not waiting and self.admission_waiting >= self.capacity):
+                        if waited > 0:
+                            raise AdmissionDeferred(f"{e} (waited {waited:.1f} s)") from None
+                        raise
+                    if not waiting:
+                        self.admission_waiting += 1
+                        waiting = True
+                    await asyncio.sleep(min(ADMISSION_POLL_S, max(wait_s - waited, 0.0)))
+        finally:
+            if waiting:
+                self.admission_waiting -= 1
 
     def _send(self, cmd: object) -> None:
         from .session import Close
@@ -246,6 +284,10 @@ class Engine:
             "errors": s.errors,
             "prefill_holds": s.prefill_holds,
             "refills": s.refills,
+            # turns longer than two frames of audio (each set every stream back; logged with their phases)
+            "slow_turns": s.slow_turns,
+            "turn_max_seconds": round(s.turn_max_s, 4),
+            **self.gc_pauses.stats(),
             "turns": s.turns,
             "turn_seconds": round(s.turn_s, 3),
             "prefill_seconds": round(s.prefill_s, 3),
@@ -258,6 +300,7 @@ class Engine:
             "behind_real_time": int(w.admission.behind_now()),
             # streams with work that --admission-turn-fraction's limit allows, estimated from the last turns (0: none)
             "admission_capacity": round(w.admission.capacity() or 0.0, 1),
+            "admission_waiting": self.admission_waiting,  # sessions waiting in admit() for the capacity to grow
             # graphs still to be captured in idle time; until 0, a burst may pay captures inside its turns
             "graphs_missing": w.b.graphs_missing,
         }

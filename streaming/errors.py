@@ -55,6 +55,10 @@ class Overloaded(FishgateError):
     code = "overloaded"
 
 
+class AdmissionDeferred(Overloaded):
+    """Refused by the real-time admission (streaming.realtime_admission): a moment's state, so Engine.admit waits."""
+
+
 class SessionClosed(FishgateError):
     code = "session_closed"
 

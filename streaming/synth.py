@@ -57,7 +57,7 @@ async def synthesize(
     with reason "error"); the engine's own exceptions (NotReady, Overloaded) pass through.
     """
     pieces = segment_text(text, segmenter_config or SegmenterConfig())
-    session = engine.open_session(voice or Voice(), settings or SynthesisSettings())
+    session = await engine.admit(voice or Voice(), settings or SynthesisSettings())
     chunks: list[np.ndarray] = []
     errors: list[SessionError] = []
     try:

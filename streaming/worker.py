@@ -25,6 +25,7 @@ import torch
 from .backend import Backend, RowSampling, history_is_append
 from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, refill_size, split_tail
 from .errors import EngineFault, FishgateError, IncompatibleVoice, Overloaded, PromptTooLong
+from .gc_pauses import freeze_startup_objects
 from .realtime_admission import RealtimeAdmission
 from .rows import RowTable
 from .session import (
@@ -42,6 +43,12 @@ from .session import (
 from .stream_state import Phase, PrefillJob, Segment, Stream
 
 log = logging.getLogger(__name__)
+
+# A turn longer than this many frames of audio set every running stream back by as much: it is counted, and logged
+# with where its time went (a warning at most every SLOW_TURN_LOG_S, with the count of those not logged). Run 16 (H200,
+# 384 streams) saw turns averaging 173 ms for a second with nothing in the phase totals to say why.
+SLOW_TURN_FRAMES = 2.0
+SLOW_TURN_LOG_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +98,8 @@ class WorkerStats:
     step_s: float = 0.0  # inside the batched decode step (device work + its one sync)
     vocode_s: float = 0.0  # inside vocoder calls
     turn_s: float = 0.0  # whole turns (the rest is host bookkeeping)
+    slow_turns: int = 0  # turns longer than SLOW_TURN_FRAMES frames of audio (each stream fell behind by that much)
+    turn_max_s: float = 0.0  # the longest turn so far
 
 
 class Worker:
@@ -114,6 +123,8 @@ class Worker:
             backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction
         )
         self._prefill_held_since: float | None = None
+        self._slow_logged_at = -float("inf")
+        self._slow_unlogged = 0
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
 
@@ -230,23 +241,48 @@ class Worker:
     def turn(self) -> None:
         """One scheduling turn (commands are applied by the caller before)."""
         t0 = time.perf_counter()
+        started = 0
         for st in list(self.streams.values()):
             if st.phase is Phase.IDLE and st.pending:
                 self._start_segment(st)
+                started += 1
         t1 = time.perf_counter()
         self._prefill_step()
-        self.stats.prefill_s += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.stats.prefill_s += t2 - t1
         rows = self.rows.active
         decoded = self._decode_step() if rows else False
+        t3 = time.perf_counter()
+        calls = self.b.vocode_calls
         self._vocode_ready()
+        t4 = time.perf_counter()
         self._flush_ended()
         self.stats.turns += 1
-        turn_s = time.perf_counter() - t0
+        t5 = time.perf_counter()
+        turn_s = t5 - t0
         self.stats.turn_s += turn_s
+        self.stats.turn_max_s = max(self.stats.turn_max_s, turn_s)
+        if turn_s > SLOW_TURN_FRAMES * self.admission.frame_s:
+            phases = {"starts": t1 - t0, "prefill": t2 - t1, "step": t3 - t2, "vocode": t4 - t3, "tails": t5 - t4}
+            self._note_slow_turn(turn_s, phases, started, rows, self.b.vocode_calls - calls)
         if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
             self.admission.record_turn(turn_s, rows)
         if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
             self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
+
+    def _note_slow_turn(self, turn_s: float, phases: dict[str, float], started: int, rows: int, calls: int) -> None:
+        self.stats.slow_turns += 1
+        now = time.monotonic()
+        if now - self._slow_logged_at < SLOW_TURN_LOG_S:
+            self._slow_unlogged += 1
+            return
+        where = ", ".join(f"{name} {sec * 1e3:.1f}" for name, sec in phases.items())
+        log.warning(
+            "slow turn: %.0f ms (%s ms; %d segments started, %d rows decoding, %d vocoder calls, %d prompts queued); "
+            "%d more slow turns since the last report",
+            turn_s * 1e3, where, started, rows, calls, len(self.prefill_queue), self._slow_unlogged,
+        )  # fmt: skip
+        self._slow_logged_at, self._slow_unlogged = now, 0
 
     def _start_segment(self, st: Stream) -> None:
         utt, text = st.pending.popleft()
@@ -598,6 +634,8 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
             and time.monotonic() - busy_at >= worker.limits.idle_capture_after_s
             and worker.b.capture_idle_graph(worker.row_pos)
         ):
+            if worker.b.graphs_missing == 0:  # the last one: exempt what the captures built from later collections
+                freeze_startup_objects()
             continue  # idle a while: one more graph instead of a nap (cold start captured only the small ones)
         try:
             wait_s = worker.limits.idle_wait_s

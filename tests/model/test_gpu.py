@@ -160,24 +160,30 @@ def test_streaming_vocoder_graph_equals_eager_official_bf16() -> None:
 @torch.inference_mode()
 def test_channels_last_vocoder_graphs_equal_the_default_layout_official(monkeypatch: pytest.MonkeyPatch) -> None:
     """The channels-last streaming decoder (time-major activations, state and weights) replayed through
-    GraphedVocoder against the default layout's graphs: fp32 to float rounding, bf16 within bf16 rounding
-    (cuDNN's NHWC kernels sum in another order); three chunks, so the carried state is compared too."""
+    GraphedVocoder against the default layout's graphs, three chunks (the carried state is compared too): fp32 to
+    float rounding; in bf16 each layout is compared with the fp32 audio, since two bf16 paths that round in a
+    different order differ from each other by up to twice their own error (run 16: 3 % of the peak between them)."""
     from model.vocoder_graphs import GraphedVocoder
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # fp32 at 1e-4: no TF32 convs
-    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-        codec = random_codec("cuda", dtype)
-        fast_codec = copy.deepcopy(codec)
-        rows = codec.config.rows
-        gen = torch.Generator(device="cuda").manual_seed(9)
-        chunks = [torch.randint(0, 1000, (3, rows, 8), generator=gen, device="cuda") for _ in range(3)]
-        slots = torch.tensor([2, 0, 1], device="cuda")
-        plain = GraphedVocoder(StreamingDecoder(codec, max_slots=8), 4, [4])
-        fast = GraphedVocoder(StreamingDecoder(fast_codec, max_slots=8, channels_last=True), 4, [4])
-        a = torch.cat([plain.decode(c, slots).clone() for c in chunks], -1).float()
-        b = torch.cat([fast.decode(c, slots).clone() for c in chunks], -1).float()
-        assert a.abs().max() > 1e-3
-        assert (a - b).abs().max() <= tol * a.abs().max(), dtype
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    codec32 = random_codec("cuda", torch.float32)
+    rows = codec32.config.rows
+    chunks = [torch.randint(0, 1000, (3, rows, 8), generator=gen, device="cuda") for _ in range(3)]
+    slots = torch.tensor([2, 0, 1], device="cuda")
+
+    def audio(codec, channels_last: bool) -> torch.Tensor:
+        graphed = GraphedVocoder(StreamingDecoder(codec, max_slots=8, channels_last=channels_last), 4, [4])
+        return torch.cat([graphed.decode(c, slots).clone() for c in chunks], -1).float()
+
+    reference = audio(copy.deepcopy(codec32), channels_last=False)
+    assert reference.abs().max() > 1e-3
+    fast = audio(copy.deepcopy(codec32), channels_last=True)
+    assert (fast - reference).abs().max() <= 1e-4 * reference.abs().max()
+    for channels_last in (False, True):
+        got = audio(random_codec("cuda", torch.bfloat16), channels_last)
+        rel = float((got - reference).norm() / reference.norm())
+        assert rel <= 5e-2, (channels_last, rel)  # run 16 (bench/vocoder_variants): 2.7–2.8 % in both layouts
 
 
 @torch.no_grad()
@@ -303,30 +309,37 @@ def test_streaming_vocoder_silu_joins_agree_official(monkeypatch: pytest.MonkeyP
 
 @torch.inference_mode()
 def test_triton_channel_bias_equals_atens_add_and_the_decode_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """codec_layers.BIAS_ADD = "triton" (off by default until measured): the in-place bias kernel equals ATen's
-    broadcast add (fp32 exactly, bf16 to one rounding), and a chunked fp32 decode with it equals the default one."""
+    """codec_layers.BIAS_ADD (the Triton kernels by default on CUDA): the in-place bias kernels equal ATen's broadcast
+    add in both layouts (fp32 exactly, bf16 to one rounding), and a chunked fp32 decode with them equals ATen's."""
     from model import codec_layers, vocoder_kernels
 
     if not vocoder_kernels.supported(torch.device("cuda")):
         pytest.skip("Triton does not run here")
     gen = torch.Generator(device="cuda").manual_seed(9)
     for dtype in (torch.float32, torch.bfloat16):
-        for shape in [(3, 16, 4100), (64, 256, 192), (1, 1, 1)]:
-            y = torch.randn(shape, generator=gen, device="cuda").to(dtype)
-            bias = torch.randn(shape[1], generator=gen, device="cuda").to(dtype)
-            expected = y + bias[:, None]
-            got = vocoder_kernels.add_channel_bias_(y.clone(), bias)
-            if dtype == torch.float32:
-                assert torch.equal(got, expected)
-            else:
-                torch.testing.assert_close(got, expected, rtol=8e-3, atol=1e-6)
+        for shape in [(3, 16, 4100), (64, 256, 192), (1, 1, 1), (2, 3, 1025)]:
+            for time_major in (False, True):
+                y = torch.randn(shape, generator=gen, device="cuda").to(dtype)
+                if time_major:
+                    y = y.transpose(1, 2).contiguous().transpose(1, 2)
+                bias = torch.randn(shape[1], generator=gen, device="cuda").to(dtype)
+                expected = y + bias[:, None]
+                got = vocoder_kernels.add_channel_bias_(y.clone(memory_format=torch.preserve_format), bias)
+                assert got.stride() == y.stride() or y.numel() == 1
+                if dtype == torch.float32:
+                    assert torch.equal(got, expected), (shape, time_major)
+                else:
+                    torch.testing.assert_close(got, expected, rtol=8e-3, atol=1e-6)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     codec = random_codec("cuda", torch.float32)
     codes = torch.randint(0, 1000, (2, codec.config.rows, 12), generator=gen, device="cuda")
     slots = torch.tensor([1, 0], device="cuda")
     audio = {}
     for mode in ("aten", "triton"):
-        monkeypatch.setattr(codec_layers, "BIAS_ADD", mode)
-        decoder = StreamingDecoder(codec, max_slots=2)
-        audio[mode] = torch.cat([decoder.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)], -1)
-    assert (audio["triton"] - audio["aten"]).abs().max() <= 1e-5
+        for channels_last in (False, True):
+            monkeypatch.setattr(codec_layers, "BIAS_ADD", mode)
+            decoder = StreamingDecoder(copy.deepcopy(codec), max_slots=2, channels_last=channels_last)
+            chunks = [decoder.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)]
+            audio[mode, channels_last] = torch.cat(chunks, -1)
+    for channels_last in (False, True):
+        assert (audio["triton", channels_last] - audio["aten", channels_last]).abs().max() <= 1e-5

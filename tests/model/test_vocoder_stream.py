@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import compiled_regions, vocoder_stream
+from model import codec_layers, compiled_regions, vocoder_stream
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
@@ -319,15 +319,17 @@ def test_auto_join_on_cpu_is_silu_then_cat() -> None:
     from model import vocoder_kernels
 
     assert vocoder_stream.SILU_JOIN == "auto"
+    assert codec_layers.BIAS_ADD == "auto" and not codec_layers._triton_bias(torch.zeros(1, 2, 3))
     assert vocoder_stream._silu_join(torch.zeros(1, 2, 3)) == "cat"
     assert vocoder_kernels.supported(torch.device("cpu")) is False
 
 
-def test_triton_bias_runs_only_for_inference_in_the_default_layout(monkeypatch) -> None:
-    """codec_layers.BIAS_ADD = "triton" hands each conv's bias to the kernel only where it can run and nothing needs
-    gradients: with autograd on (codec training) the convs keep ATen's add. The kernel is stood in for by the same
-    add on CPU, so the audio must not change; the GPU test compares the real kernel."""
-    from model import codec_layers, vocoder_kernels
+def test_triton_bias_runs_only_for_inference(monkeypatch) -> None:
+    """codec_layers.BIAS_ADD ("auto": the Triton kernel where it runs) hands each conv's bias to the kernel only where
+    it can run and nothing needs gradients: with autograd on (codec training) the convs keep ATen's add; on a CPU
+    (no Triton) "auto" is ATen's add. The kernel is stood in for by the same add on CPU, so the audio must not
+    change, in the default layout and the channels-last streaming one; the GPU test compares the real kernel."""
+    from model import vocoder_kernels
 
     codec = small_codec()
     torch.manual_seed(6)
@@ -345,7 +347,11 @@ def test_triton_bias_runs_only_for_inference_in_the_default_layout(monkeypatch) 
     monkeypatch.setattr(vocoder_kernels, "add_channel_bias_", stand_in)
     with torch.no_grad():
         got = codec.decode(codes)
-    assert calls and _max_diff(got, expected) <= 1e-6
+        assert calls and _max_diff(got, expected) <= 1e-6
+        calls.clear()
+        streamed = StreamingDecoder(copy.deepcopy(codec), max_slots=1, channels_last=True)
+        chunks = [streamed.decode(codes[..., s : s + 4], torch.tensor([0])) for s in (0, 4)]
+        assert calls and _max_diff(torch.cat(chunks, -1), expected) <= 1e-5
     calls.clear()
     codec.requires_grad_(True)  # as codec training has it: autograd on, no in-place kernel
     trained = codec.decode_with_context(codes, None)

@@ -176,6 +176,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):
         parse_settings(["--vocoder-half-step-buckets", "yes"])
+    assert parse_settings([]).vocoder_channels_last == "off"
+    assert parse_settings(["--vocoder-channels-last", "on"]).vocoder_channels_last == "on"
+    with pytest.raises(SystemExit, match="--vocoder-channels-last must be on or off"):
+        parse_settings(["--vocoder-channels-last", "1"])
     assert parse_settings([]).compile_vocoder == "off"
     assert parse_settings(["--compile-vocoder", "on"]).compile_vocoder == "on"
     with pytest.raises(SystemExit, match="--compile-vocoder must be on or off"):

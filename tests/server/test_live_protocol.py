@@ -251,9 +251,10 @@ def test_too_many_sessions_closes_1013_and_others_keep_streaming(tmp_path) -> No
 
 def test_behind_real_time_refuses_new_sessions_1013_until_the_engine_catches_up(tmp_path) -> None:
     """--admission-turn-fraction: while the engine's decoding turns are slower than that share of a frame (here a
-    limit every CPU turn exceeds), a new session is refused with `overloaded` and 1013, its message naming the flag;
+    limit every CPU turn exceeds), a new session is refused (at once with --admission-wait-s 0; the wait is
+    tests/streaming/test_realtime_admission.py's) with `overloaded` and 1013, its message naming the flag;
     the running stream finishes whole; once the engine idles, sessions are admitted again."""
-    with start_server(tmp_path, max_sessions=4, admission_turn_fraction=0.001) as srv:
+    with start_server(tmp_path, max_sessions=4, admission_turn_fraction=0.001, admission_wait_s=0) as srv:
 
         async def main():
             async with open_live(srv.ws_url) as ws:

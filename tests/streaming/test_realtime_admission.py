@@ -167,3 +167,43 @@ def test_sessions_without_work_do_not_count_against_the_capacity() -> None:
             engine.open_session(Voice(), SynthesisSettings(seed=10)).close()
 
     asyncio.run(main())
+
+
+def test_admit_waits_while_deferred_then_admits_or_refuses_saying_how_long_it_waited() -> None:
+    """Engine.admit (the server's way in): while the real-time admission defers new sessions (here a limit every CPU
+    turn exceeds), a new session waits instead of being refused at once — counted in `admission_waiting` — and is
+    admitted as soon as the guard lets it in (the engine idles once the running stream ends); with a short wait the
+    refusal stands and says how long it waited. The running stream is never disturbed."""
+    import asyncio
+    import time
+
+    from streaming.errors import AdmissionDeferred
+    from streaming.session import SynthesisSettings, Voice
+    from tests.streaming.engine_helpers import collect, running_engine, speak
+
+    async def main() -> None:
+        with running_engine(max_sessions=4, admission_turn_fraction=0.001) as engine:
+            first = await engine.admit(Voice(), SynthesisSettings(seed=1), wait_s=0)
+            first.speak("A sentence long enough to keep the engine busy for a while, and a little more.")
+            first.end_utterance()
+            running = asyncio.ensure_future(collect(first))
+            deadline = time.monotonic() + 60
+            while not engine._worker.admission.behind_now():
+                assert time.monotonic() < deadline, "the engine never fell behind its (impossible) limit"
+                await asyncio.sleep(0.01)
+            t0 = time.monotonic()
+            with pytest.raises(AdmissionDeferred, match=r"--admission-turn-fraction.*\(waited 0\.[23] s\)"):
+                await engine.admit(Voice(), SynthesisSettings(seed=2), wait_s=0.25)
+            assert 0.25 <= time.monotonic() - t0 < 2
+            assert engine.admission_waiting == 0
+            later = asyncio.ensure_future(engine.admit(Voice(), SynthesisSettings(seed=3), wait_s=60))
+            await asyncio.sleep(0.1)
+            assert not later.done() and engine.stats()["admission_waiting"] == 1
+            done = await running
+            second = await later  # the stream ended; the engine idles; the waiting session is let in
+            assert engine.admission_waiting == 0
+            assert done.done is not None and done.done.reason == "stop" and len(done.pcm) > 0
+            heard = await speak(second, "Admitted after waiting.")
+            assert heard.done is not None and heard.done.reason == "stop" and len(heard.pcm) > 0
+
+    asyncio.run(main())
