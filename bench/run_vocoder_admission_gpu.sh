@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One device call (run 16, call 2; bench/NOTES.md "Run 16"):
+# One device call (run 16, calls 2-3; bench/NOTES.md "Run 16"):
 #   1. GPU tests of the Triton vocoder kernels (history join and conv bias, both layouts) and the channels-last graphs;
-#   2. vocoder timing: the default (Triton join and bias since run 16) against channels-last with cuDNN autotuning
-#      and the bias kernel in its time-major form, with a per-ATen-op profile of the channels-last call;
+#   2. vocoder timing: the default layout (Triton join and bias since run 16) against channels-last (convs as NHWC
+#      conv2d since call 2), with and without cuDNN autotuning, a per-ATen-op profile of the channels-last call;
 #   3. `fishgate serve` end to end at 384 and 512 offered streams with `--admission-turn-fraction 0.9` (sessions
-#      wait up to --admission-wait-s for room), every bucket compiled; slow turns and GC pauses logged by the server.
+#      wait up to --admission-wait-s for room), every bucket compiled, the vocoder layout that was fastest at 64 × 24
+#      in step 2 (autotuned only when it beats the heuristic by 15 %: it costs seconds per graph captured); slow
+#      turns and GC pauses logged by the server.
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_vocoder_admission_gpu.sh
 # Everything lands in $OUT/all.tgz (one file: the device returns a limited number of files).
 set -u
@@ -17,13 +19,26 @@ mkdir -p $work
 timeout 90 python3 -m pytest -q tests/model/test_gpu.py -k "triton or silu_joins or channels_last" -p no:cacheprovider \
   -rf --tb=short > $work/gpu_tests.txt 2>&1
 tail -4 $work/gpu_tests.txt
-timeout 170 python3 -m bench.vocoder_variants --variants "${VOCODER_VARIANTS:-graph,graph+cl+bench+ops}" \
+timeout 170 python3 -m bench.vocoder_variants --variants "${VOCODER_VARIANTS:-graph,graph+cl+ops,graph+cl+bench}" \
   --shapes 1x8,64x24,256x24 --budget-s 150 --out $work/vocoder.json > $work/vocoder.txt 2>&1
 grep -E "^ +op " $work/vocoder.txt | head -16
 tail -8 $work/vocoder.txt
+layout=$(python3 - $work/vocoder.json <<'PY'
+import json, sys
+rows = {r["variant"]: r["ms"] for r in json.load(open(sys.argv[1]))["rows"] if (r["batch"], r["frames"]) == (64, 24)}
+plain, cl, tuned = rows.get("graph"), rows.get("graph+cl+ops"), rows.get("graph+cl+bench")
+best = "off"
+if cl and plain and cl < plain:
+    best = "on"
+if tuned and plain and tuned < plain and tuned < 0.85 * (cl or float("inf")):
+    best = "tuned"
+print(best)
+PY
+)
+echo "vocoder layout for the e2e: --vocoder-channels-last ${layout:-off}"
 OUT=$work SKIP_TESTS=1 WAVES=2 RAMP_S=9 LEVELS="${LEVELS:-384 512}" LEVEL_TIMEOUT_S=100 WARM_CONC=16 PROFILE_LEVEL=none \
-  GRAPH_WAIT_S=75 READY_LIMIT_S=240 \
-  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on --admission-turn-fraction 0.9 --compile-cache-dir build/cc ${EXTRA_SERVE_ARGS:-}" \
+  GRAPH_WAIT_S=100 READY_LIMIT_S=240 \
+  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last ${layout:-off} ${EXTRA_SERVE_ARGS:-}" \
   timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh > $work/e2e.txt 2>&1
 grep -E "^level|start|captured|missing|^\| [0-9]|died|not ready|Error|slow turn|garbage|slow_turns" $work/e2e.txt | head -40
 tar czf "$OUT/all.tgz" -C $work .

@@ -80,9 +80,10 @@ class Settings:
     )  # fmt: skip
     vocoder_channels_last: str = field(
         default="off",
-        metadata={"help": "on | off: the streaming vocoder keeps activations, state and conv weights channels-last "
-                  "(time-major), cuDNN's tensor-core layout, and autotunes its convs while capturing (GPU only; "
-                  "see docs/BENCHMARKS.md, runs 15-16, for when it is faster)"},
+        metadata={"help": "off | on | tuned: the streaming vocoder keeps activations, state and conv weights "
+                  "channels-last (time-major), cuDNN's tensor-core layout (GPU only); tuned also autotunes each conv "
+                  "while its graphs are captured (seconds per graph). See docs/BENCHMARKS.md, run 16, for when it is "
+                  "faster"},
     )  # fmt: skip
     compile_vocoder: str = field(
         default="off",

@@ -111,10 +111,13 @@ class BackendConfig:
     # Static shapes reached 1.88 ms and 1,575× but cost ~35 s a shape.
     compile_vocoder: bool = False
     # the streaming vocoder's activations, carried state and conv weights stored channels-last (time-major), the
-    # layout cuDNN's bf16 tensor-core convs read without transposes (GPU only). Off: run 14 on the H200, eager
-    # kernels, 1 × 8 frames 2.68 → 2.26 ms but 64 × 24 frames 80 → 272 ms (two cuDNN grouped-direct convolutions,
-    # 183 ms, not identified yet); compiled with static shapes 1.68 ms and 240 ms
+    # layout cuDNN's bf16 tensor-core convs read without transposes (GPU only). History: run 14, 64 × 24 frames 80 →
+    # 272 ms (two dilated convs got a 92 ms cuDNN kernel from its heuristic); run 15 with cuDNN autotuning 87 ms; run
+    # 16 61 ms, of which 32 ms strided copies (conv1d's memory-format choice), since removed (codec_layers
+    # `_conv_time_major`). `vocoder_autotune`: cuDNN autotunes each conv shape while a graph is captured (seconds
+    # per vocoder graph) instead of taking its heuristic's kernel
     vocoder_channels_last: bool = False
+    vocoder_autotune: bool = False
     # vocoder graph batch buckets at 1.5× each power of two too (1, 2, 3, 4, 6, 8, 12, …, 64: 12 buckets instead of
     # 7, so 72 graphs instead of 42, the extra ones captured in idle time): a call pads fewer rows. On the stand-in
     # device (bench/host_ceiling.py, 256 steady streams) padding fell from 17.6 to 7.2 % of vocoded frames and the
@@ -228,7 +231,7 @@ class Backend:
             self.vocoder_graphs = GraphedVocoder(
                 self.vocoder, config.max_sessions, self.vocoder_buckets,
                 compile_backend="inductor" if self.compile_vocoder else None,
-                cudnn_benchmark=self.vocoder.channels_last,  # cuDNN's heuristic picks a 92 ms kernel there
+                cudnn_benchmark=self.vocoder.channels_last and config.vocoder_autotune,
             )  # fmt: skip
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self._prefix_tokens: collections.OrderedDict[bytes, torch.Tensor] = collections.OrderedDict()

@@ -178,7 +178,8 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
         parse_settings(["--vocoder-half-step-buckets", "yes"])
     assert parse_settings([]).vocoder_channels_last == "off"
     assert parse_settings(["--vocoder-channels-last", "on"]).vocoder_channels_last == "on"
-    with pytest.raises(SystemExit, match="--vocoder-channels-last must be on or off"):
+    assert parse_settings(["--vocoder-channels-last", "tuned"]).vocoder_channels_last == "tuned"
+    with pytest.raises(SystemExit, match="--vocoder-channels-last must be off, on or tuned"):
         parse_settings(["--vocoder-channels-last", "1"])
     assert parse_settings([]).compile_vocoder == "off"
     assert parse_settings(["--compile-vocoder", "on"]).compile_vocoder == "on"
