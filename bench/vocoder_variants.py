@@ -66,6 +66,10 @@ def run_variant(
     # "+bench": cuDNN autotunes each conv shape's algorithm at its first call (graph warm-up) instead of its heuristic
     torch.backends.cudnn.benchmark = "+bench" in variant
     codec_layers.BIAS_ADD = "aten" if "+aten" in variant else "auto"
+    # "+dbench": cuDNN autotunes only the dilated convs of the channels-last layout (codec_layers.AUTOTUNE_DILATED).
+    # cuDNN caches a conv's plan whether tuned or not, so tuned and untuned variants of one layout need their own
+    # processes (run 16 call 3: "+bench" after "+cl" reused the heuristic's plans)
+    codec_layers.AUTOTUNE_DILATED = "+dbench" in variant
     backend = "inductor" if "compiled" in variant else None
     channels_last = "+cl" in variant
     compiled_regions.reset(static_shapes="+static" in variant)
