@@ -8,6 +8,8 @@
 #      in step 2 (autotuned only when it beats the heuristic by 15 %: it costs seconds per graph captured); slow
 #      turns and GC pauses logged by the server.
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_vocoder_admission_gpu.sh
+# Knobs (environment): VOCODER_VARIANTS, VOCODER_LAYOUT (off|on|tuned: skip the choice), HALF_STEP (on|off),
+# ADMISSION (the turn fraction), LEVELS, GRAPH_WAIT_S, EXTRA_SERVE_ARGS, E2E_LIMIT_S.
 # Everything lands in $OUT/all.tgz (one file: the device returns a limited number of files).
 set -u
 OUT=${OUT:-/tmp/fishgate-vocoder-admission}
@@ -19,14 +21,22 @@ mkdir -p $work
 timeout 90 python3 -m pytest -q tests/model/test_gpu.py -k "triton or silu_joins or channels_last" -p no:cacheprovider \
   -rf --tb=short > $work/gpu_tests.txt 2>&1
 tail -4 $work/gpu_tests.txt
-timeout 170 python3 -m bench.vocoder_variants --variants "${VOCODER_VARIANTS:-graph,graph+cl+ops,graph+cl+bench}" \
-  --shapes 1x8,64x24,256x24 --budget-s 150 --out $work/vocoder.json > $work/vocoder.txt 2>&1
-grep -E "^ +op " $work/vocoder.txt | head -16
-tail -8 $work/vocoder.txt
-layout=$(python3 - $work/vocoder.json <<'PY'
+# each variant in its own process: cuDNN caches a conv's plan whether tuned or not (run 16 call 3: "+bench" after "+cl"
+# in one process reused the heuristic's plans)
+for v in ${VOCODER_VARIANTS:-graph graph+cl+bench}; do
+  timeout 150 python3 -m bench.vocoder_variants --variants "$v" --shapes 1x8,64x24,256x24 --out "$work/vocoder_$v.json" \
+    > "$work/vocoder_$v.txt" 2>&1
+  grep -E "^ +op " "$work/vocoder_$v.txt" | head -8
+  tail -4 "$work/vocoder_$v.txt"
+done
+layout=$(python3 - $work/vocoder_*.json <<'PY'
 import json, sys
-rows = {r["variant"]: r["ms"] for r in json.load(open(sys.argv[1]))["rows"] if (r["batch"], r["frames"]) == (64, 24)}
-plain, cl, tuned = rows.get("graph"), rows.get("graph+cl+ops"), rows.get("graph+cl+bench")
+rows = {}
+for path in sys.argv[1:]:
+    for r in json.load(open(path))["rows"]:
+        if (r["batch"], r["frames"]) == (64, 24):
+            rows[r["variant"].replace("+ops", "")] = r["ms"]
+plain, cl, tuned = rows.get("graph"), rows.get("graph+cl"), rows.get("graph+cl+bench")
 best = "off"
 if cl and plain and cl < plain:
     best = "on"
@@ -35,10 +45,11 @@ if tuned and plain and tuned < plain and tuned < 0.85 * (cl or float("inf")):
 print(best)
 PY
 )
+[ -n "${VOCODER_LAYOUT:-}" ] && layout=$VOCODER_LAYOUT
 echo "vocoder layout for the e2e: --vocoder-channels-last ${layout:-off}"
 OUT=$work SKIP_TESTS=1 WAVES=2 RAMP_S=9 LEVELS="${LEVELS:-384 512}" LEVEL_TIMEOUT_S=100 WARM_CONC=16 PROFILE_LEVEL=none \
-  GRAPH_WAIT_S=100 READY_LIMIT_S=240 \
-  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last ${layout:-off} ${EXTRA_SERVE_ARGS:-}" \
+  GRAPH_WAIT_S=${GRAPH_WAIT_S:-100} READY_LIMIT_S=240 \
+  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets ${HALF_STEP:-on} --admission-turn-fraction ${ADMISSION:-0.9} --compile-cache-dir build/cc --vocoder-channels-last ${layout:-off} ${EXTRA_SERVE_ARGS:-}" \
   timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh > $work/e2e.txt 2>&1
 grep -E "^level|start|captured|missing|^\| [0-9]|died|not ready|Error|slow turn|garbage|slow_turns" $work/e2e.txt | head -40
 tar czf "$OUT/all.tgz" -C $work .
