@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .admission_queue import AdmissionQueue
 from .backend import Backend, BackendConfig, ModelInfo
 from .errors import AdmissionDeferred, NotReady, Overloaded
 from .gc_pauses import GcPauses, freeze_startup_objects
@@ -37,7 +38,6 @@ WARM_UP_TEXT = "Hello world."
 MAX_QUEUED_CHARS = 50_000
 # Reference encodes waiting for the engine's one encoder thread; more are refused (Overloaded) instead of queueing.
 MAX_PENDING_ENCODES = 16
-ADMISSION_POLL_S = 0.01  # how often a deferred session asks again (a turn is 3-50 ms on a GPU)
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class Engine:
         self._thread = threading.Thread(target=self._main, name="fishgate-worker", daemon=True)
         self._worker: Worker | None = None
         self.gc_pauses = GcPauses()
-        self.admission_waiting = 0  # sessions waiting in admit() now (event-loop thread only)
+        self._admission = AdmissionQueue(max_waiting=config.backend.max_sessions)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,6 +109,7 @@ class Engine:
             graphs = backend.capture_graphs()
             self.timings_s.update(backend.timings_s)
             worker = Worker(backend, self._commands, self.config.limits)
+            worker.after_turn = self._admission.notify  # each turn updates the admission's estimate
             self._worker = worker
             if self.config.warm_up:
                 t0 = time.perf_counter()
@@ -195,29 +196,16 @@ class Engine:
         return session
 
     async def admit(self, voice: Voice, settings: SynthesisSettings, wait_s: float | None = None) -> Session:
-        """open_session, waiting up to `wait_s` (default: the config's admission_wait_s) while the real-time admission
-        defers new sessions; then its refusal stands, with how long it waited. Other refusals (not ready, every
-        session slot taken, more than max_sessions already waiting) are immediate."""
+        """open_session, waiting up to `wait_s` (default: the config's admission_wait_s) in a first-come queue while
+        the real-time admission defers new sessions (streaming.admission_queue); then its refusal stands, with how
+        long it waited. Other refusals (not ready, every session slot taken) are immediate."""
         wait_s = self.config.admission_wait_s if wait_s is None else wait_s
-        started = time.monotonic()
-        waiting = False
-        try:
-            while True:
-                try:
-                    return self.open_session(voice, settings)
-                except AdmissionDeferred as e:
-                    waited = time.monotonic() - started
-                    if waited >= wait_s or (not waiting and self.admission_waiting >= self.capacity):
-                        if waited > 0:
-                            raise AdmissionDeferred(f"{e} (waited {waited:.1f} s)") from None
-                        raise
-                    if not waiting:
-                        self.admission_waiting += 1
-                        waiting = True
-                    await asyncio.sleep(min(ADMISSION_POLL_S, max(wait_s - waited, 0.0)))
-        finally:
-            if waiting:
-                self.admission_waiting -= 1
+        return await self._admission.admit(lambda: self.open_session(voice, settings), wait_s)
+
+    @property
+    def admission_waiting(self) -> int:
+        """Sessions waiting in admit() now."""
+        return len(self._admission)
 
     def _send(self, cmd: object) -> None:
         from .session import Close
@@ -225,6 +213,7 @@ class Engine:
         if isinstance(cmd, Close):
             with self._lock:
                 self._sessions.pop(cmd.session, None)
+            self._admission.notify()  # its place may let a waiting session in
         elif self._commands.qsize() >= COMMAND_QUEUE_SIZE:
             raise Overloaded("the engine's command queue is full; retry later")
         self._commands.put_nowait(cmd)

@@ -124,6 +124,7 @@ class Worker:
         )
         self._prefill_held_since: float | None = None
         self._slow_logged_at = -float("inf")
+        self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
         self._slow_unlogged = 0
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
@@ -269,6 +270,8 @@ class Worker:
             self.admission.record_turn(turn_s, rows)
         if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
             self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
+            if self.after_turn is not None:
+                self.after_turn()
 
     def _note_slow_turn(self, turn_s: float, phases: dict[str, float], started: int, rows: int, calls: int) -> None:
         self.stats.slow_turns += 1
