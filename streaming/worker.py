@@ -124,6 +124,7 @@ class Worker:
         )
         self._prefill_held_since: float | None = None
         self._slow_logged_at = -float("inf")
+        self._last_step_s = 0.0  # the backend's step call of the current turn (device work and its one sync)
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
         self._slow_unlogged = 0
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
@@ -252,6 +253,7 @@ class Worker:
         t2 = time.perf_counter()
         self.stats.prefill_s += t2 - t1
         rows = self.rows.active
+        self._last_step_s = 0.0
         decoded = self._decode_step() if rows else False
         t3 = time.perf_counter()
         calls = self.b.vocode_calls
@@ -264,7 +266,10 @@ class Worker:
         self.stats.turn_s += turn_s
         self.stats.turn_max_s = max(self.stats.turn_max_s, turn_s)
         if turn_s > SLOW_TURN_FRAMES * self.admission.frame_s:
-            phases = {"starts": t1 - t0, "prefill": t2 - t1, "step": t3 - t2, "vocode": t4 - t3, "tails": t5 - t4}
+            phases = {
+                "starts": t1 - t0, "prefill": t2 - t1, "step": self._last_step_s,
+                "frames and segment ends": t3 - t2 - self._last_step_s, "vocode": t4 - t3, "tails": t5 - t4,
+            }  # fmt: skip
             self._note_slow_turn(turn_s, phases, started, rows, self.b.vocode_calls - calls)
         if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
             self.admission.record_turn(turn_s, rows)
@@ -459,7 +464,8 @@ class Worker:
             bucket, _ = self.b.stepper.bucket_for(active, 0)
             t0 = time.perf_counter()
             frames = self.b.step(active, commit, max(self.row_pos[:bucket]))
-            self.stats.step_s += time.perf_counter() - t0
+            self._last_step_s = time.perf_counter() - t0
+            self.stats.step_s += self._last_step_s
             self.stats.steps += 1
             for r in range(active):
                 self.row_pos[r] += commit[r]

@@ -1,0 +1,69 @@
+"""What the engine reports about its own pauses: slow turns (streaming.worker, counted and logged with where their
+time went) and garbage-collector pauses (streaming.gc_pauses, measured through gc.callbacks; start-up objects
+frozen)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+import pytest
+
+from streaming import gc_pauses, worker
+from streaming.gc_pauses import GcPauses, freeze_startup_objects
+from streaming.session import SynthesisSettings, Voice
+from tests.streaming.engine_helpers import running_engine, speak
+
+
+def test_slow_turns_are_counted_and_logged_with_their_phases(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(worker, "SLOW_TURN_FRAMES", 0.0)  # every turn counts as slow here
+    monkeypatch.setattr(worker, "SLOW_TURN_LOG_S", 3600.0)  # one report, then only counts
+
+    async def main() -> dict:
+        with running_engine(max_sessions=2) as engine:
+            heard = await speak(engine.open_session(Voice(), SynthesisSettings(seed=1)), "Slow turns, counted.")
+            assert heard.done is not None and heard.done.reason == "stop"
+            return engine.stats()
+
+    with caplog.at_level(logging.WARNING, logger="streaming.worker"):
+        stats = asyncio.run(main())
+    assert stats["slow_turns"] >= 2 and stats["turn_max_seconds"] > 0
+    reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow turn:")]
+    assert len(reports) == 1, reports
+    for phase in ("starts", "prefill", "step", "frames and segment ends", "vocode", "tails", "rows decoding"):
+        assert phase in reports[0]
+
+
+def test_gc_pauses_are_measured_and_long_ones_logged(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(gc_pauses, "LONG_PAUSE_S", 0.0)  # every collection is "long" here
+    watch = GcPauses()
+    watch.install()
+    try:
+        with caplog.at_level(logging.WARNING, logger="streaming.gc_pauses"):
+            gc.collect()
+            gc.collect()
+    finally:
+        watch.uninstall()
+    stats = watch.stats()
+    assert stats["gc_collections"] >= 2 and stats["gc_pause_seconds"] > 0 and stats["gc_long_pauses"] >= 2
+    assert stats["gc_max_pause_seconds"] <= stats["gc_pause_seconds"]
+    logged = [r.getMessage() for r in caplog.records if "garbage collection" in r.getMessage()]
+    assert len(logged) == 1 and "paused every thread" in logged[0]  # then at most one per LOG_EVERY_S
+    gc.collect()
+    assert watch.stats()["gc_collections"] == stats["gc_collections"]  # uninstalled: no longer counting
+
+
+def test_freezing_exempts_start_up_objects_from_collections() -> None:
+    frozen = freeze_startup_objects()
+    try:
+        assert frozen > 1000 and gc.get_freeze_count() == frozen  # torch and the test suite's objects, at least
+        assert len(gc.get_objects()) < frozen  # what collections still walk
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize("key", ["slow_turns", "turn_max_seconds", "gc_collections", "gc_max_pause_seconds"])
+def test_the_engine_reports_them(key) -> None:
+    with running_engine(max_sessions=1, warm_up=False) as engine:
+        assert key in engine.stats()
