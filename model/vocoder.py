@@ -13,6 +13,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from . import codec_layers
 from .codec_config import CodecConfig, HeadConfig, QuantizerConfig
 from .codec_encoder import ConvNeXtEncoder, EncodeTrace, build_downsample, run_encoder
 from .codec_layers import CausalConv1d, CausalConvTranspose1d, CausalLayer, ConvNeXtBlock, LeftContext, is_time_minor
@@ -33,8 +34,15 @@ class ResBlock1(nn.Module):
         self.convs2 = nn.ModuleList(conv(d) for d in dilations)
 
     def forward(self, x: torch.Tensor, ctx: LeftContext | None = None) -> torch.Tensor:  # (B, C, T)
+        fused = codec_layers.fuse_bias(x)  # the biases folded into the join and the residual add (same values)
         for c1, c2 in zip(self.convs1, self.convs2, strict=True):
-            x = x + c2(c1(x, ctx, silu_first=True), ctx, silu_first=True)
+            if fused:
+                first, second = cast(CausalConv1d, c1), cast(CausalConv1d, c2)
+                y = first(x, ctx, silu_first=True, defer_bias=True)
+                y = second(y, ctx, silu_first=True, in_bias=first.conv.bias, defer_bias=True)
+                x = codec_layers.add_bias_residual(x, y, second.conv.bias)
+            else:
+                x = x + c2(c1(x, ctx, silu_first=True), ctx, silu_first=True)
         return x
 
 

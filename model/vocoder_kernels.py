@@ -44,11 +44,11 @@ if AVAILABLE:
 
     @triton.jit
     def _join_silu_kernel(
-        prev_ptr, x_ptr, out_ptr,
+        prev_ptr, x_ptr, bias_ptr, out_ptr,
         channels, width, length,
         prev_sb, prev_sc, prev_st,
         x_sb, x_sc, x_st,
-        BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)  # b · channels + c
         b = row // channels
@@ -60,16 +60,18 @@ if AVAILABLE:
         p = tl.load(prev_ptr + b * prev_sb + c * prev_sc + t * prev_st, mask=inside & from_prev, other=0.0)
         xs = tl.load(x_ptr + b * x_sb + c * x_sc + (t - width) * x_st, mask=inside & ~from_prev, other=0.0)
         xf = xs.to(tl.float32)
+        if HAS_BIAS:
+            xf += tl.load(bias_ptr + c).to(tl.float32)
         y = tl.where(from_prev, p.to(tl.float32), xf / (1.0 + tl.exp(-xf)))
         tl.store(out_ptr + row * total + t, y.to(out_ptr.dtype.element_ty), mask=inside)
 
     @triton.jit
     def _join_silu_time_major_kernel(
-        prev_ptr, x_ptr, out_ptr,
+        prev_ptr, x_ptr, bias_ptr, out_ptr,
         channels, width, length,
         prev_sb, prev_sc, prev_st,
         x_sb, x_sc, x_st,
-        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0).to(tl.int64)
         t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
@@ -80,6 +82,8 @@ if AVAILABLE:
         p = tl.load(prev_ptr + b * prev_sb + c * prev_sc + t * prev_st, mask=inside & from_prev, other=0.0)
         xs = tl.load(x_ptr + b * x_sb + c * x_sc + (t - width) * x_st, mask=inside & ~from_prev, other=0.0)
         xf = xs.to(tl.float32)
+        if HAS_BIAS:
+            xf += tl.load(bias_ptr + c, mask=c < channels, other=0.0).to(tl.float32)
         y = tl.where(from_prev, p.to(tl.float32), xf / (1.0 + tl.exp(-xf)))
         tl.store(out_ptr + (b * total + t) * channels + c, y.to(out_ptr.dtype.element_ty), mask=inside)
 
@@ -99,6 +103,17 @@ if AVAILABLE:
         bias = tl.load(bias_ptr + i % channels, mask=inside, other=0.0).to(tl.float32)
         y = tl.load(y_ptr + i, mask=inside).to(tl.float32)
         tl.store(y_ptr + i, (y + bias).to(y_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _bias_residual_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, channels, length, numel, TIME_MAJOR: tl.constexpr,
+                              BLOCK: tl.constexpr):  # fmt: skip
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # flat index, x, y and out share a layout
+        inside = i < numel
+        c = i % channels if TIME_MAJOR else (i // length) % channels
+        bias = tl.load(bias_ptr + c, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + i, mask=inside).to(tl.float32)
+        y = tl.load(y_ptr + i, mask=inside).to(tl.float32)
+        tl.store(out_ptr + i, (x + y + bias).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def is_dense_time_major(y: torch.Tensor) -> bool:
@@ -129,15 +144,40 @@ def add_channel_bias_(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def join_silu(prev: torch.Tensor, x: torch.Tensor, time_major: bool = False) -> torch.Tensor:
-    """`cat([prev, silu(x)], -1)` for prev (B, C, W) and x (B, C, T) of one dtype on one CUDA device, any strides;
-    returns a new (B, C, W + T) tensor, contiguous, or with `time_major` stored (B, W + T, C) (channel stride 1: the
+def add_bias_residual(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`x + (y + bias[:, None])` as a new tensor in one pass, in fp32 rounded once, for x and y (B, C, T) in the same
+    dense layout (both contiguous or both time-major): a resblock's residual and its second conv's bias together
+    (model.codec_layers.FUSE_BIAS). No autograd."""
+    if not AVAILABLE:
+        raise RuntimeError("add_bias_residual needs Triton (installed with CUDA builds of torch)")
+    _, channels, length = x.shape
+    time_major = not x.is_contiguous()
+    same = y.shape == x.shape and y.stride() == x.stride() and y.dtype == x.dtype
+    same = same and y.device == bias.device == x.device
+    if not same or not (x.is_contiguous() or is_dense_time_major(x)) or bias.shape != (channels,):
+        raise ValueError(f"x {tuple(x.shape)} {x.stride()} and y {tuple(y.shape)} {y.stride()} need one dense layout")
+    out = torch.empty_like(x)  # same strides as x (dense)
+    numel = x.numel()
+    _bias_residual_kernel[(triton.cdiv(numel, MAX_BLOCK),)](
+        x, y, bias, out, channels, length, numel, TIME_MAJOR=time_major, BLOCK=MAX_BLOCK
+    )  # fmt: skip
+    return out
+
+
+def join_silu(
+    prev: torch.Tensor, x: torch.Tensor, time_major: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`cat([prev, silu(x + bias[:, None])], -1)` for prev (B, C, W) and x (B, C, T) of one dtype on one CUDA device,
+    any strides (`bias` (C,) optional: a previous conv's bias, added here instead of in a pass of its own); returns a
+    new (B, C, W + T) tensor, contiguous, or with `time_major` stored (B, W + T, C) (channel stride 1: the
     channels-last vocoder's layout)."""
     if not AVAILABLE:
         raise RuntimeError("join_silu needs Triton (installed with CUDA builds of torch)")
     batch, channels, width = prev.shape
     if x.shape[:2] != (batch, channels) or x.dtype != prev.dtype or x.device != prev.device:
         raise ValueError(f"prev {tuple(prev.shape)} {prev.dtype} and x {tuple(x.shape)} {x.dtype} do not join")
+    if bias is not None and (bias.shape != (channels,) or bias.device != x.device):
+        raise ValueError(f"the bias must be ({channels},) on {x.device}, got {tuple(bias.shape)} on {bias.device}")
     length = x.shape[-1]
     total = width + length
     if time_major:
@@ -146,13 +186,15 @@ def join_silu(prev: torch.Tensor, x: torch.Tensor, time_major: bool = False) -> 
         block_t = max(1, 4096 // block_c)
         grid = (batch, triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
         _join_silu_time_major_kernel[grid](
-            prev, x, out, channels, width, length, *prev.stride(), *x.stride(), BLOCK_T=block_t, BLOCK_C=block_c
+            prev, x, x if bias is None else bias, out, channels, width, length, *prev.stride(), *x.stride(),
+            BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None,
         )  # fmt: skip
         return out.transpose(1, 2)
     out = torch.empty(batch, channels, total, dtype=x.dtype, device=x.device)
     block = min(MAX_BLOCK, triton.next_power_of_2(total))
     rows_grid = (batch * channels, triton.cdiv(total, block))
     _join_silu_kernel[rows_grid](
-        prev, x, out, channels, width, length, *prev.stride(), *x.stride(), BLOCK=block
+        prev, x, x if bias is None else bias, out, channels, width, length, *prev.stride(), *x.stride(), BLOCK=block,
+        HAS_BIAS=bias is not None,
     )  # fmt: skip
     return out

@@ -46,7 +46,9 @@ class _SlotContext:
         self._channels_last = channels_last  # each layer's history stored (W, C) instead of (C, W)
         self._new: dict[int, torch.Tensor] = {}
 
-    def extend(self, layer: nn.Module, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
+    def extend(
+        self, layer: nn.Module, x: torch.Tensor, silu: bool = False, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         offset, channels, width = self._layout[id(layer)]
         rows = self._prev[:, offset : offset + channels * width]
         if self._channels_last:
@@ -54,8 +56,11 @@ class _SlotContext:
         else:
             prev = rows.view(-1, channels, width)  # (B, C, W)
         join = _silu_join(x) if silu and not torch.compiler.is_compiling() else "cat"
+        if bias is not None and join != "triton":  # a deferred bias (codec_layers.FUSE_BIAS) where no kernel folds it
+            x = x + bias[:, None]
+            bias = None
         if join == "triton":  # one pass at full width (model.vocoder_kernels), in the decoder's layout
-            xin = vocoder_kernels.join_silu(prev, x, time_major=self._channels_last)
+            xin = vocoder_kernels.join_silu(prev, x, time_major=self._channels_last, bias=bias)
         elif join == "out" and not self._channels_last:  # one pass, but ATen's generic kernel for the strided output
             xin = x.new_empty(x.shape[0], channels, width + x.shape[-1])
             xin[..., :width].copy_(prev)

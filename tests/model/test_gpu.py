@@ -343,3 +343,39 @@ def test_triton_channel_bias_equals_atens_add_and_the_decode_with_it(monkeypatch
             audio[mode, channels_last] = torch.cat(chunks, -1)
     for channels_last in (False, True):
         assert (audio["triton", channels_last] - audio["aten", channels_last]).abs().max() <= 1e-5
+
+
+@torch.inference_mode()
+def test_fused_resblock_biases_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """codec_layers.FUSE_BIAS = "on": the join with a folded bias and the bias-plus-residual kernel equal their ATen
+    forms (fp32 to rounding, both layouts), and a chunked fp32 decode with them equals the plain path's."""
+    import torch.nn.functional as F
+
+    from model import codec_layers, vocoder_kernels
+
+    if not vocoder_kernels.supported(torch.device("cuda")):
+        pytest.skip("Triton does not run here")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for time_major in (False, True):
+        prev = torch.randn(3, 64, 30, generator=gen, device="cuda")
+        x = torch.randn(3, 64, 700, generator=gen, device="cuda")
+        y = torch.randn(3, 64, 700, generator=gen, device="cuda")
+        if time_major:
+            x, y = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x, y))
+        bias = torch.randn(64, generator=gen, device="cuda")
+        joined = vocoder_kernels.join_silu(prev, x, time_major=time_major, bias=bias)
+        torch.testing.assert_close(joined, torch.cat([prev, F.silu(x + bias[:, None])], -1), rtol=1e-5, atol=1e-6)
+        summed = vocoder_kernels.add_bias_residual(x, y, bias)
+        assert summed.stride() == x.stride()
+        torch.testing.assert_close(summed, x + (y + bias[:, None]), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    codec = random_codec("cuda", torch.float32)
+    codes = torch.randint(0, 1000, (2, codec.config.rows, 12), generator=gen, device="cuda")
+    slots = torch.tensor([1, 0], device="cuda")
+    for channels_last in (False, True):
+        audio = {}
+        for fuse in ("off", "on"):
+            monkeypatch.setattr(codec_layers, "FUSE_BIAS", fuse)
+            decoder = StreamingDecoder(copy.deepcopy(codec), max_slots=2, channels_last=channels_last)
+            audio[fuse] = torch.cat([decoder.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)], -1)
+        assert (audio["on"] - audio["off"]).abs().max() <= 1e-5, channels_last

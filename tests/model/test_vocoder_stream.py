@@ -357,3 +357,41 @@ def test_triton_bias_runs_only_for_inference(monkeypatch) -> None:
     trained = codec.decode_with_context(codes, None)
     assert calls == [] and trained.requires_grad
     assert _max_diff(trained.detach(), expected) <= 1e-6
+
+
+def test_fused_resblock_biases_equal_the_plain_path(monkeypatch) -> None:
+    """codec_layers.FUSE_BIAS = "on" (off by default until measured): each resblock's first conv bias is folded into
+    the second conv's silu join and the second's into the residual add. With the kernels stood in for by the same
+    arithmetic on CPU, streamed audio in both layouts and the offline decode equal the plain path; the folded path
+    really ran (the GPU test compares the real kernels)."""
+    from model import codec_layers, vocoder_kernels
+
+    codec = small_codec()
+    torch.manual_seed(6)
+    codes = torch.randint(0, codec.config.codebook_size, (2, codec.config.rows, 12))
+    slots = torch.tensor([1, 0])
+
+    def streamed(channels_last: bool) -> torch.Tensor:
+        dec = StreamingDecoder(copy.deepcopy(codec), max_slots=2, channels_last=channels_last)
+        return torch.cat([dec.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)], -1)
+
+    with torch.no_grad():
+        expected = {False: streamed(False), True: streamed(True)}
+        offline = codec.decode(codes)
+    residuals = []
+
+    def residual_stand_in(x, y, bias):
+        residuals.append(x.shape)
+        return x + (y + bias[:, None])
+
+    monkeypatch.setattr(codec_layers, "FUSE_BIAS", "on")
+    monkeypatch.setattr(vocoder_kernels, "supported", lambda device: True)
+    monkeypatch.setattr(vocoder_kernels, "add_channel_bias_", lambda y, bias: y.add_(bias[:, None]))
+    monkeypatch.setattr(vocoder_kernels, "add_bias_residual", residual_stand_in)
+    with torch.no_grad():
+        for channels_last in (False, True):
+            assert _max_diff(streamed(channels_last), expected[channels_last]) <= 1e-5, channels_last
+        assert _max_diff(codec.decode(codes), offline) <= 1e-5
+    assert residuals  # the folded path ran
+    with pytest.raises(ValueError, match="in_bias"):
+        codec.head.conv_pre(torch.zeros(1, codec.config.head.num_mels, 4), in_bias=torch.zeros(1))
