@@ -84,6 +84,14 @@ class KVCache:
         self.k[:, rows, :, :length] = src.k[:, :, :, :length]
         self.v[:, rows, :, :length] = src.v[:, :, :, :length]
 
+    def permute_slots(self, dst: torch.Tensor, src: torch.Tensor, length: int) -> None:
+        """Slot dst[i] takes positions [0, length) of slot src[i], for all i at once (every source is read before any
+        slot is written, so slots may trade places): one gather and one scatter per tensor."""
+        if length <= 0 or dst.numel() == 0:
+            return
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy positions [0, length) of slot src into slot dst (used to keep active slots packed)."""
         if src == dst or length <= 0:

@@ -287,6 +287,19 @@ class DecodeStepper:
         self.move_row(spare, b, length_a)
         self.pos[spare] = 0
 
+    def permute_rows(self, dst: list[int], src: list[int], length: int) -> None:
+        """Row dst[i] takes the stream of row src[i] (KV positions [0, length) and all per-row state), for all i at
+        once: a turn's swaps composed into one permutation (the worker's segment ends), ~11 device ops in all
+        instead of ~33 per swap. Rows outside dst keep theirs."""
+        if not dst:
+            return
+        d, s = (torch.tensor(rows, dtype=torch.long) for rows in (dst, src))
+        if self.pos.device.type == "cuda":  # pinned, without waiting: a blocking copy would sync the stream first
+            d, s = (t.pin_memory().to(self.pos.device, non_blocking=True) for t in (d, s))
+        self.cache.permute_slots(d, s, length)
+        for t in self._row_tensors():
+            t[d] = t[s]
+
     def _row_tensors(self) -> list[torch.Tensor]:
         return [
             self.frame, self.pos, self.window, self.loop_step, self.seed, self.noise_step,

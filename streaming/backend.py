@@ -345,6 +345,9 @@ class Backend:
     def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
         self.stepper.swap_rows(a, b, length_a, length_b, spare=self.session_rows - 1)
 
+    def permute_rows(self, dst: list[int], src: list[int], length: int) -> None:
+        self.stepper.permute_rows(dst, src, length)
+
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy KV positions [0, length) of row src into row dst (a cached voice prefix)."""
         self.stepper.cache.move_slot(src, dst, length)

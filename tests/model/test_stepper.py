@@ -279,3 +279,42 @@ def test_a_second_segment_in_a_used_row_equals_a_fresh_generation() -> None:
             stepper.commit[:1] = True
             frames.append(stepper.step(1, int(stepper.pos[0]))[0].cpu())
     assert torch.equal(torch.stack(frames, 1), expected)
+
+
+@torch.no_grad()
+def test_permute_rows_equals_the_swaps_it_composes() -> None:
+    """The worker's batched row moves (DecodeStepper.permute_rows, one permutation for a turn's swaps) leave every
+    row's KV positions and per-row state exactly where the same swaps one by one through a spare row leave them."""
+    import random
+
+    from streaming.worker import Worker
+
+    model = make_model("gqa_fast_project")
+    slow, fast = (DecodeStepper(model, n_rows=8, max_seq_len=64) for _ in range(2))
+    lengths = [5, 17, 9, 30, 0, 12, 22, 0]
+    for stepper in (slow, fast):
+        torch.manual_seed(0)
+        stepper.cache.k.normal_()
+        stepper.cache.v.normal_()
+        for row in range(7):
+            stepper.set_sampling(row, RowSampling(0.5 + row / 10, 0.7, 1.1, seed=row))
+            stepper.pos[row] = lengths[row]
+    rng = random.Random(3)
+    swaps = [tuple(rng.sample(range(7), 2)) for _ in range(12)]
+    pos = list(lengths)
+    for a, b in swaps:  # the slow path: one swap at a time through the spare row 7
+        slow.swap_rows(a, b, pos[a], pos[b], spare=7)
+        pos[a], pos[b] = pos[b], pos[a]
+
+    class Rows:  # the worker's composition, on a stand-in with just what _flush_swaps reads
+        row_pos = pos
+        _pending_swaps = list(swaps)
+        b = fast
+
+    Worker._flush_swaps(Rows)  # type: ignore[arg-type]
+    for row in range(7):
+        n = pos[row]
+        assert torch.equal(fast.cache.k[:, row, :, :n], slow.cache.k[:, row, :, :n]), row
+        assert torch.equal(fast.cache.v[:, row, :, :n], slow.cache.v[:, row, :, :n]), row
+    for got, want in zip(fast._row_tensors(), slow._row_tensors(), strict=True):
+        assert torch.equal(got[:7], want[:7])
