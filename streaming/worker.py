@@ -167,9 +167,8 @@ class Worker:
         st = self.streams.pop(sid, None)
         if st is None:
             return
-        if self._pending_swaps:  # a device write by row follows: the rows must be where the table says first
-            self._flush_swaps()
-            self._pending_swaps = []
+        if self._pending_swaps is not None:  # device writes by row follow: the rows must be where the table says
+            self._flush_swaps()  # (the rest of this step's swaps then apply one by one)
         st.closed = True
         self._apply_swaps(self.rows.deactivate(sid))
         row = self.rows.row[sid]

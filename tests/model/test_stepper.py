@@ -286,6 +286,7 @@ def test_permute_rows_equals_the_swaps_it_composes() -> None:
     """The worker's batched row moves (DecodeStepper.permute_rows, one permutation for a turn's swaps) leave every
     row's KV positions and per-row state exactly where the same swaps one by one through a spare row leave them."""
     import random
+    from types import SimpleNamespace
 
     from streaming.worker import Worker
 
@@ -306,12 +307,9 @@ def test_permute_rows_equals_the_swaps_it_composes() -> None:
         slow.swap_rows(a, b, pos[a], pos[b], spare=7)
         pos[a], pos[b] = pos[b], pos[a]
 
-    class Rows:  # the worker's composition, on a stand-in with just what _flush_swaps reads
-        row_pos = pos
-        _pending_swaps = list(swaps)
-        b = fast
-
-    Worker._flush_swaps(Rows)  # type: ignore[arg-type]
+    # the worker's composition, on a stand-in with just what _flush_swaps reads
+    rows = SimpleNamespace(row_pos=pos, _pending_swaps=list(swaps), b=fast)
+    Worker._flush_swaps(rows)  # type: ignore[arg-type]
     for row in range(7):
         n = pos[row]
         assert torch.equal(fast.cache.k[:, row, :, :n], slow.cache.k[:, row, :, :n]), row
