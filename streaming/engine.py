@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import enum
 import logging
 import queue
@@ -24,7 +25,7 @@ from .admission_queue import AdmissionQueue
 from .backend import Backend, BackendConfig, ModelInfo
 from .errors import AdmissionDeferred, NotReady, Overloaded
 from .gc_pauses import GcPauses, freeze_startup_objects
-from .session import Session, SynthesisSettings, Voice
+from .session import Session, Speak, SynthesisSettings, Voice
 from .worker import Worker, WorkerLimits, run_forever
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,8 @@ class Engine:
     def _send(self, cmd: object) -> None:
         from .session import Close
 
+        if isinstance(cmd, Speak):
+            cmd = self._prepare(cmd)
         if isinstance(cmd, Close):
             with self._lock:
                 self._sessions.pop(cmd.session, None)
@@ -217,6 +220,21 @@ class Engine:
         elif self._commands.qsize() >= COMMAND_QUEUE_SIZE:
             raise Overloaded("the engine's command queue is full; retry later")
         self._commands.put_nowait(cmd)
+
+    def _prepare(self, cmd: Speak) -> Speak:
+        """Normalise and tokenise a segment's text here, on the caller's thread, instead of in the worker's turn
+        (~0.4 ms a segment on a 2-core CPU; run 16 on the H200: 58–72 segments starting in one turn took 32–35 ms).
+        Read-only use of the backend's normaliser and tokeniser. Text that fails here is left to the worker, which
+        reports the error to its session as before."""
+        worker = self._worker
+        if worker is None or cmd.prepared is not None:
+            return cmd
+        try:
+            model_text = worker.b.model_text(cmd.text)
+            prepared = (model_text, worker.b.segment_tokens(model_text))
+        except Exception:
+            return cmd
+        return dataclasses.replace(cmd, prepared=prepared)
 
     async def run_job(self, fn: Callable[[Worker], T]) -> T:
         """Run fn(worker) on the worker thread (between steps) and await its result."""

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +86,8 @@ class Speak:
     session: int
     utterance: int
     text: str
+    # (model text, segment tokens) worked out off the worker thread (Engine._send), or None: the worker does it
+    prepared: tuple[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,8 @@ class Stream:
     prefix: torch.Tensor | None  # system + references, or None
     prefix_key: bytes = b""  # identifies the prefix in the worker's voice-prefix cache
     phase: Phase = Phase.IDLE
-    pending: collections.deque[tuple[int, str]] = field(default_factory=collections.deque)  # (utterance, text)
+    # (utterance, text, (model text, segment tokens) when prepared off the worker thread, else None)
+    pending: collections.deque[tuple[int, str, Any]] = field(default_factory=collections.deque)
     ended_utterances: set[int] = field(default_factory=set)
     failed_utterances: set[int] = field(default_factory=set)
     history: list[torch.Tensor] = field(default_factory=list)  # [seg0, gen0, …] of the current utterance

@@ -67,3 +67,39 @@ def test_freezing_exempts_start_up_objects_from_collections() -> None:
 def test_the_engine_reports_them(key) -> None:
     with running_engine(max_sessions=1, warm_up=False) as engine:
         assert key in engine.stats()
+
+
+def test_segments_prepared_off_the_worker_speak_the_same(monkeypatch) -> None:
+    """Engine._send normalises and tokenises a segment's text on the caller's thread, so the worker's turn does not:
+    a seeded utterance gives the same audio prepared there or by the worker (the fallback), and with preparation on
+    the worker thread never tokenises a segment."""
+    import threading
+
+    import numpy as np
+
+    from streaming.engine import Engine
+
+    async def utterance() -> np.ndarray:
+        with running_engine(max_sessions=2) as engine:
+            b = engine._worker.b
+            calls: list[str] = []
+            tokenise = b.segment_tokens
+
+            def counted(text):
+                calls.append(threading.current_thread().name)
+                return tokenise(text)
+
+            b.segment_tokens = counted
+            heard = await speak(engine.open_session(Voice(), SynthesisSettings(seed=4)), "One. Two, three.")
+            assert heard.done is not None and heard.done.reason == "stop"
+            prepared_here = Engine._prepare is not identity
+            assert ("fishgate-worker" in calls) != prepared_here, calls
+            return heard.pcm
+
+    def identity(self, cmd):
+        return cmd
+
+    prepared = asyncio.run(utterance())
+    monkeypatch.setattr(Engine, "_prepare", identity)
+    by_worker = asyncio.run(utterance())
+    assert len(prepared) > 0 and np.array_equal(prepared, by_worker)
