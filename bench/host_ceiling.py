@@ -84,6 +84,8 @@ def stand_in_capacity(streams: int) -> float:
 class TimedStandIn(Backend):
     """The engine's backend with device work replaced by GIL-free sleeps of measured H200 times."""
 
+    scale = 1.0  # every device time × this (--device-scale: a slower device, so that few streams load it)
+
     def __init__(self, config: BackendConfig) -> None:
         # as on the GPU: no batch invariance, so prompts of a turn share one prefill call
         super().__init__(dataclasses.replace(config, device="cpu", cuda_graphs=False, batch_invariant=False))
@@ -99,19 +101,19 @@ class TimedStandIn(Backend):
     def prefill_many(
         self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep((PREFILL_BASE_MS + PREFILL_TOKEN_MS * sum(p.shape[-1] for p in prompts)) / 1e3)
+        time.sleep(self.scale * (PREFILL_BASE_MS + PREFILL_TOKEN_MS * sum(p.shape[-1] for p in prompts)) / 1e3)
         placeholder = torch.zeros(len(rows), 1)  # start_segments below does not read them
         return placeholder, placeholder
 
     def start_segments(
         self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
     ) -> np.ndarray:
-        time.sleep(FIRST_FRAMES_MS / 1e3)
+        time.sleep(self.scale * FIRST_FRAMES_MS / 1e3)
         return self._frames(len(rows))
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         buckets = self.stepper.batch_buckets  # the GPU's captured graphs run padded to these
-        time.sleep(decode_ms(buckets[bisect.bisect_left(buckets, rows)]) / 1e3)
+        time.sleep(self.scale * decode_ms(buckets[bisect.bisect_left(buckets, rows)]) / 1e3)
         return self._frames(rows)
 
     def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -123,7 +125,7 @@ class TimedStandIn(Backend):
             for start in range(0, rows, self.vocoder_batch):
                 n = min(self.vocoder_batch, rows - start)
                 padded = buckets[bisect.bisect_left(buckets, n)]
-                time.sleep(vocoder_ms(padded, frames) / 1e3)
+                time.sleep(self.scale * vocoder_ms(padded, frames) / 1e3)
                 self.vocode_calls += 1
                 self.vocode_frames_run += padded * frames
         spf = self.info.samples_per_frame
@@ -154,6 +156,7 @@ def serve(argv: list[str]) -> int:
     from streaming.engine import Engine, EngineConfig
 
     spec = json.loads(argv[0])
+    TimedStandIn.scale = float(spec.get("device_scale", 1.0))
     limits = WorkerLimits(**spec["limits"])
     args = build_parser(argparse.ArgumentParser()).parse_args(argv[1:])
     settings = settings_from(args)
@@ -214,7 +217,7 @@ def run_level(
     return {
         "level": level, "wall_s": wall, "summary": summary, "turns": turns,
         "turns_per_s": turns["turns"] / wall, "device_busy": device_s / wall,
-        "stand_in_need": stand_in_capacity(level),
+        "stand_in_need": stand_in_capacity(level) * TimedStandIn.scale,
         "streams_real_time": summary["audio_s_total"] / wall,
     }  # fmt: skip
 
@@ -238,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--half-step-vocoder-buckets", action="store_true", help="BackendConfig.vocoder_half_step_buckets"
     )
+    parser.add_argument("--device-scale", type=float, default=1.0, help="every stand-in device time × this")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
     args = parser.parse_args(argv)
+    TimedStandIn.scale = args.device_scale  # for the table's "stand-in need" (the server gets it in its spec)
     args.out.mkdir(parents=True, exist_ok=True)
     texts = args.out / "texts.txt"
     write_texts(texts)
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend}), "--port", str(port),
+        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend, "device_scale": args.device_scale}), "--port", str(port),
          "--max-sessions", str(args.max_sessions), "--max-seq-len", "1024", "--rate-limit-per-min", "1000000",
          "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

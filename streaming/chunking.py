@@ -46,6 +46,20 @@ class ChunkSchedule:
         return self.sizes[min(index, len(self.sizes) - 1)]
 
 
+def sustainable_turn_fraction(sizes: tuple[int, ...]) -> float:
+    """The slowest turn, as a share of a frame's duration, at which a client playing from its first chunk never runs
+    dry on this schedule (one frame per turn, chunks sent when full). Before chunk k+1 (n frames) arrives, n turns
+    pass; the buffer then holds the first chunk plus what every later chunk gained, so
+    `r ≤ (n₀ + S_k) / (S_k + n_{k+1})` with S_k the frames of chunks 1…k. Each schedule above gives 2/3: a growth
+    step (8 → 16 frames, say) needs the engine half again faster than real time, whatever the admission lets in."""
+    bound, sent = 1.0, 0
+    for k in range(1, len(sizes) + 1):
+        nxt = sizes[min(k, len(sizes) - 1)]
+        bound = min(bound, (sizes[0] + sent) / (sent + nxt))
+        sent += nxt
+    return bound
+
+
 def split_tail(frames: int) -> list[int]:
     """Split a segment's leftover frames into TAIL_SIZES pieces (largest first), e.g. 13 → [8, 4, 1]."""
     out = []

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 # 384 streams) saw turns averaging 173 ms for a second with nothing in the phase totals to say why.
 SLOW_TURN_FRAMES = 2.0
 SLOW_TURN_LOG_S = 1.0
+# A schedule's larger chunk is sent only if the client's buffer lasts this many times its decoding time (turn jitter).
+GROWTH_MARGIN = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,9 @@ class WorkerLimits:
     # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
     prefill_hold_below_s: float | None = 0.1
     prefill_hold_max_s: float = 0.25
+    # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
+    # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
+    grow_chunks_with_buffer: bool = True
     # refuse new sessions while decoding turns average more than this share of a frame's duration, i.e. while the
     # streams already running fall behind real time (streaming.realtime_admission). None = off.
     admission_turn_fraction: float | None = None
@@ -574,6 +579,8 @@ class Worker:
             queued = len(st.vocoder_queue)
             if queued >= size:
                 batch.append((st, size, True))
+            elif held := self._held_growth(st, size, queued, now):
+                batch.append((st, held, False))  # the smaller size again; the schedule keeps its place
             elif (
                 refill_below_s is not None
                 and queued >= MIN_REFILL_FRAMES
@@ -588,6 +595,22 @@ class Worker:
         batch += [(st, refill_size(len(st.vocoder_queue)), False) for _, st in low]  # the next chunk is still `size`
         self.stats.refills += len(low)
         self._vocode(batch)
+
+    def _held_growth(self, st: Stream, size: int, queued: int, now: float) -> int:
+        """Where the schedule grows the next chunk (say 8 → 16 frames) but the client's buffer would run dry before
+        the larger chunk is decoded at the current turn time, the previous size now instead (0: no such chunk).
+        The fixed schedules keep a client ahead only while a turn takes under 2/3 of a frame (chunking.py,
+        `sustainable_turn_fraction`); near real time — the load an admission limit of 0.9 lets in — every growth
+        step ran the client dry (H200 run 16: 80–89 % of streams, once each). Unseeded streams only, like refills."""
+        if not self.limits.grow_chunks_with_buffer or st.chunk_index == 0 or st.utterance_started_s is None:
+            return 0
+        previous = st.schedule.size(st.chunk_index - 1)
+        turn_s = self.admission.turn_avg_s
+        if size <= previous or queued < previous or turn_s <= 0 or st.session.settings.seed is not None:
+            return 0
+        if st.client_buffer_s(self.rate_hz, now) >= GROWTH_MARGIN * (size - queued) * turn_s:
+            return 0  # the larger chunk will be there in time
+        return previous
 
     def _flush_ended(self) -> None:
         """Vocode the queued frames of every segment that ended this turn, in chunk sizes with captured graphs: the

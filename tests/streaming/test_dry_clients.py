@@ -49,14 +49,17 @@ class SlowThenFast(SlowNeverEnding):
     slow_steps = 14
 
 
-def speak_slowly(refill_below_s: float | None, seed: int | None, backend=SlowNeverEnding, frames: int = FRAMES):
+def speak_slowly(
+    refill_below_s: float | None, seed: int | None, backend=SlowNeverEnding, frames: int = FRAMES, grow: bool = True
+):
     async def main(engine: Engine):
         session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
         return await speak(session, TEXT)
 
     with running_engine(
-        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=backend, warm_up=False, refill_below_s=refill_below_s
-    ) as engine:
+        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=backend, warm_up=False, refill_below_s=refill_below_s,
+        grow_chunks_with_buffer=grow,
+    ) as engine:  # fmt: skip
         return asyncio.run(main(engine))
 
 
@@ -84,13 +87,42 @@ def test_refills_do_not_advance_the_schedule() -> None:
     assert [f for f in frames if f > 4][:3] == [8, 8, 16], frames
 
 
-@pytest.mark.parametrize(("refill_below_s", "seed"), [(None, None), (0.15, 7)])
-def test_without_refills_or_with_a_seed_chunks_follow_the_schedule(refill_below_s, seed) -> None:
-    """Off, or a seeded stream (whose chunking must not depend on timing): the schedule, then the segment's tail."""
-    utt = speak_slowly(refill_below_s, seed)
+@pytest.mark.parametrize(("refill_below_s", "grow", "seed"), [(None, False, None), (0.15, True, 7)])
+def test_without_refills_or_with_a_seed_chunks_follow_the_schedule(refill_below_s, grow, seed) -> None:
+    """Refills and held growth off, or a seeded stream (whose chunking must not depend on timing): the schedule,
+    then the segment's tail."""
+    utt = speak_slowly(refill_below_s, seed, grow=grow)
     frames = [n // SPF for n in utt.chunk_samples]
     schedule = SCHEDULES[Latency.BALANCED]  # 4, 4, 8, 8, 16, 24: 40 frames = 4 + 4 + 8 + 8 + 16
     assert frames == list(schedule[:5]) and sum(frames) == FRAMES, frames
+
+
+class NearRealTime(SlowNeverEnding):
+    step_s = 0.044  # 0.95 of a frame: real time, but too slow for the schedule's growth steps (they need ≤ 2/3)
+
+
+@pytest.mark.parametrize("grow", [False, True])
+def test_growth_waits_until_the_clients_buffer_covers_it(grow) -> None:
+    """Without refills, at 0.95 of a frame a turn: the fixed schedule (4, 4, 8, 8, 16) runs the client dry at its
+    growth steps (chunking.sustainable_turn_fraction: 2/3); held growth sends the previous size again while the
+    buffer would not cover the larger chunk's decoding (here from the third chunk on: 371 ms sent − 4 turns of 44
+    ms played < 1.25 × 4 frames × 44 ms). Chunk boundaries move, the audio does not."""
+    utt = speak_slowly(None, seed=None, backend=NearRealTime, frames=FRAMES, grow=grow)
+    frames = [n // SPF for n in utt.chunk_samples]
+    assert sum(frames) == FRAMES and utt.done is not None and utt.done.reason == "stop", frames
+    if grow:
+        assert frames[:3] == [4, 4, 4] and frames != list(SCHEDULES[Latency.BALANCED][:5]), frames
+    else:
+        assert frames == list(SCHEDULES[Latency.BALANCED][:5]), frames
+    assert np.abs(utt.pcm - offline_decode(RANDOM_TINY_MODEL, utt.codes)).max() <= 1e-4
+
+
+def test_the_schedules_need_turns_under_two_thirds_of_a_frame() -> None:
+    from streaming.chunking import sustainable_turn_fraction
+
+    assert {round(sustainable_turn_fraction(s), 3) for s in SCHEDULES.values()} == {0.667}
+    assert sustainable_turn_fraction((4,)) == 1.0  # equal chunks: any turn faster than real time keeps up
+    assert sustainable_turn_fraction((4, 8)) == pytest.approx(4 / 8)  # one doubling: half of real time
 
 
 class VerySlowNeverEnding(SlowNeverEnding):
