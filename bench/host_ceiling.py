@@ -85,6 +85,7 @@ class TimedStandIn(Backend):
     """The engine's backend with device work replaced by GIL-free sleeps of measured H200 times."""
 
     scale = 1.0  # every device time × this (--device-scale: a slower device, so that few streams load it)
+    prefill_base_ms, first_frames_ms = PREFILL_BASE_MS, FIRST_FRAMES_MS  # --prefill-ms (graph prefill is far less)
 
     def __init__(self, config: BackendConfig) -> None:
         # as on the GPU: no batch invariance, so prompts of a turn share one prefill call
@@ -101,14 +102,14 @@ class TimedStandIn(Backend):
     def prefill_many(
         self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(self.scale * (PREFILL_BASE_MS + PREFILL_TOKEN_MS * sum(p.shape[-1] for p in prompts)) / 1e3)
+        time.sleep(self.scale * (self.prefill_base_ms + PREFILL_TOKEN_MS * sum(p.shape[-1] for p in prompts)) / 1e3)
         placeholder = torch.zeros(len(rows), 1)  # start_segments below does not read them
         return placeholder, placeholder
 
     def start_segments(
         self, rows: Sequence[int], logits: torch.Tensor, hidden: torch.Tensor, next_positions: Sequence[int]
     ) -> np.ndarray:
-        time.sleep(self.scale * FIRST_FRAMES_MS / 1e3)
+        time.sleep(self.scale * self.first_frames_ms / 1e3)
         return self._frames(len(rows))
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
@@ -157,6 +158,9 @@ def serve(argv: list[str]) -> int:
 
     spec = json.loads(argv[0])
     TimedStandIn.scale = float(spec.get("device_scale", 1.0))
+    TimedStandIn.prefill_base_ms, TimedStandIn.first_frames_ms = spec.get(
+        "prefill_ms", [PREFILL_BASE_MS, FIRST_FRAMES_MS]
+    )
     limits = WorkerLimits(**spec["limits"])
     args = build_parser(argparse.ArgumentParser()).parse_args(argv[1:])
     settings = settings_from(args)
@@ -242,6 +246,14 @@ def main(argv: list[str] | None = None) -> int:
         "--half-step-vocoder-buckets", action="store_true", help="BackendConfig.vocoder_half_step_buckets"
     )
     parser.add_argument("--device-scale", type=float, default=1.0, help="every stand-in device time × this")
+    parser.add_argument(
+        "--prefill-ms",
+        type=float,
+        nargs=2,
+        default=[PREFILL_BASE_MS, FIRST_FRAMES_MS],
+        metavar=("CALL", "FIRST"),
+        help="a prefill call's fixed cost and the first-frame sampling's (default: run 7's eager figures)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
     args = parser.parse_args(argv)
     TimedStandIn.scale = args.device_scale  # for the table's "stand-in need" (the server gets it in its spec)
@@ -255,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend, "device_scale": args.device_scale}), "--port", str(port),
+        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend, "device_scale": args.device_scale, "prefill_ms": args.prefill_ms}), "--port", str(port),
          "--max-sessions", str(args.max_sessions), "--max-seq-len", "1024", "--rate-limit-per-min", "1000000",
          "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
