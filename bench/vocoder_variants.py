@@ -70,6 +70,8 @@ def run_variant(
     # cuDNN caches a conv's plan whether tuned or not, so tuned and untuned variants of one layout need their own
     # processes (run 16 call 3: "+bench" after "+cl" reused the heuristic's plans)
     codec_layers.AUTOTUNE_DILATED = "+dbench" in variant
+    # "+cf": the channels-last layout runs the convs cuDNN's heuristic handles badly channels-first
+    codec_layers.CHANNELS_FIRST_CONVS = frozenset({(256, 7, 5)}) if "+cf" in variant else frozenset()
     # "+fuse": resblock biases folded into the join and the residual add (codec_layers.FUSE_BIAS)
     codec_layers.FUSE_BIAS = "on" if "+fuse" in variant else "off"
     backend = "inductor" if "compiled" in variant else None

@@ -107,6 +107,13 @@ def _conv_time_major(
     return y.squeeze(2)
 
 
+# (in channels, kernel, dilation) of decode-path convs that a channels-last decoder runs channels-first, through
+# transposing copies: cuDNN's heuristic gives the channels-last (256, 7, 5) convs a grouped direct kernel, 183 of the
+# untuned layout's 213 ms at 64 × 24 frames on an H200 (run 16), and the rest of that layout ran about as fast as
+# the autotuned one. Under evaluation (bench/vocoder_variants "+cf" sets {(256, 7, 5)}); empty: off.
+CHANNELS_FIRST_CONVS: frozenset[tuple[int, int, int]] = frozenset()
+
+
 # Autotune (cudnn.benchmark) only the dilated channels-last convs, whatever the global flag: the slow kernels cuDNN's
 # heuristic picks were for dilated convs (run 15), and tuning a third of the convs costs a third of the time. Under
 # evaluation (bench/vocoder_variants "+dbench"); off.
@@ -202,6 +209,8 @@ class CausalConv1d(CausalLayer):
             # cudnn_benchmark avoids them). Kept: its effect alone was not measured; the copies cost microseconds
             x, w = x.contiguous(), w.contiguous()
         conv = _conv_time_major if self.time_minor and self.conv.out_channels > 1 else F.conv1d
+        if self.time_minor and (self.conv.in_channels, self.conv.kernel_size[0], self.dilation) in CHANNELS_FIRST_CONVS:
+            x, w, conv = x.contiguous(), w.contiguous(), F.conv1d  # as_time_minor below brings the output back
         if defer_bias:
             y = conv(x, w, None, stride=self.stride, dilation=self.dilation, groups=self.groups)
             return as_time_minor(y) if self.time_minor else y

@@ -395,3 +395,29 @@ def test_fused_resblock_biases_equal_the_plain_path(monkeypatch) -> None:
     assert residuals  # the folded path ran
     with pytest.raises(ValueError, match="in_bias"):
         codec.head.conv_pre(torch.zeros(1, codec.config.head.num_mels, 4), in_bias=torch.zeros(1))
+
+
+def test_channels_last_decoder_may_run_chosen_convs_channels_first(monkeypatch) -> None:
+    """codec_layers.CHANNELS_FIRST_CONVS (empty by default): a channels-last decoder runs the listed convs through
+    channels-first copies and returns to time-major after them; the audio is the same (here every conv is listed)."""
+    from model import codec_layers
+
+    codec = small_codec()
+    torch.manual_seed(8)
+    codes = torch.randint(0, codec.config.codebook_size, (2, codec.config.rows, 12))
+    slots = torch.tensor([0, 1])
+
+    def streamed() -> torch.Tensor:
+        dec = StreamingDecoder(copy.deepcopy(codec), max_slots=2, channels_last=True)
+        return torch.cat([dec.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)], -1)
+
+    with torch.no_grad():
+        expected = streamed()
+        listed = {
+            (m.conv.in_channels, m.conv.kernel_size[0], m.dilation)
+            for m in codec.modules()
+            if isinstance(m, codec_layers.CausalConv1d)
+        }
+        monkeypatch.setattr(codec_layers, "CHANNELS_FIRST_CONVS", frozenset(listed))
+        got = streamed()
+    assert len(listed) > 3 and _max_diff(got, expected) <= 1e-5
