@@ -210,7 +210,8 @@ def run_level(
         "--ramp-s", str(ramp_s),
         "--texts", str(texts), "--no-plots", "--timeout-s", "600", "--out", str(ttfa_out),
     ]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # fishgate ttfa exits 1 when any request failed (refusals under admission, say): its JSON still has them all
+    subprocess.run(cmd, cwd=ROOT, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     after = counters_from_text(get(base + "/metrics"))
     if spy is not None:
