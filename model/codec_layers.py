@@ -95,15 +95,7 @@ def _conv_time_major(
     (B, C, 1, T): those 4-D views are dense channels-last (NHWC), so cuDNN reads them as they are. conv1d decides the
     memory format on the 3-D tensors, where there is no channels-last, and copied every input to channels-first and
     then, for the channels-last weight, back (H200 run 16: 199 strided copies, 32 of 61 ms at 64 × 24 frames)."""
-    x4, w4 = x.unsqueeze(2), w.unsqueeze(2)
-    if AUTOTUNE_DILATED and dilation > 1 and not torch.backends.cudnn.benchmark:
-        with torch.backends.cudnn.flags(
-            enabled=torch.backends.cudnn.enabled, benchmark=True,
-            deterministic=torch.backends.cudnn.deterministic, allow_tf32=torch.backends.cudnn.allow_tf32,
-        ):  # fmt: skip
-            y = F.conv2d(x4, w4, b, stride=(1, stride), dilation=(1, dilation), groups=groups)
-    else:
-        y = F.conv2d(x4, w4, b, stride=(1, stride), dilation=(1, dilation), groups=groups)
+    y = F.conv2d(x.unsqueeze(2), w.unsqueeze(2), b, stride=(1, stride), dilation=(1, dilation), groups=groups)
     return y.squeeze(2)
 
 
@@ -112,12 +104,6 @@ def _conv_time_major(
 # untuned layout's 213 ms at 64 × 24 frames on an H200 (run 16), and the rest of that layout ran about as fast as
 # the autotuned one. Under evaluation (bench/vocoder_variants "+cf" sets {(256, 7, 5)}); empty: off.
 CHANNELS_FIRST_CONVS: frozenset[tuple[int, int, int]] = frozenset()
-
-
-# Autotune (cudnn.benchmark) only the dilated channels-last convs, whatever the global flag: the slow kernels cuDNN's
-# heuristic picks were for dilated convs (run 15), and tuning a third of the convs costs a third of the time. Under
-# evaluation (bench/vocoder_variants "+dbench"); off.
-AUTOTUNE_DILATED = False
 
 
 class LeftContext(Protocol):
