@@ -188,23 +188,23 @@ class CausalConv1d(CausalLayer):
         depthwise = self.groups > 1 and self.groups == self.conv.in_channels == self.conv.out_channels
         if depthwise and (self.time_minor or is_time_minor(x)):
             return self._depthwise_time_minor(x)
-        if self.time_minor and self.conv.out_channels == 1:
-            # one output channel (the head's conv_post, at the audio rate) channels-first, input and weight (PyTorch
-            # picks the channels-last kernels when either is). Run 14 suspected it of the two 91 ms cuDNN calls at
-            # 64 × 24 frames; run 15 found those in two dilated 256-channel convs instead (GraphedVocoder's
-            # cudnn_benchmark avoids them). Kept: its effect alone was not measured; the copies cost microseconds
+        # A channels-last decoder runs some convs channels-first, input and weight (PyTorch picks the channels-last
+        # kernels when either is); as_time_minor below brings the output back. One output channel (the head's
+        # conv_post, at the audio rate): run 14 suspected it of two 91 ms cuDNN calls at 64 × 24 frames, run 15
+        # found those in two dilated 256-channel convs instead; kept, its effect alone not measured, the copies cost
+        # microseconds. CHANNELS_FIRST_CONVS: shapes cuDNN's heuristic handles badly channels-last.
+        shape = (self.conv.in_channels, self.conv.kernel_size[0], self.dilation)
+        channels_first = self.conv.out_channels == 1 or shape in CHANNELS_FIRST_CONVS
+        if self.time_minor and channels_first:
             x, w = x.contiguous(), w.contiguous()
-        conv = _conv_time_major if self.time_minor and self.conv.out_channels > 1 else F.conv1d
-        if self.time_minor and (self.conv.in_channels, self.conv.kernel_size[0], self.dilation) in CHANNELS_FIRST_CONVS:
-            x, w, conv = x.contiguous(), w.contiguous(), F.conv1d  # as_time_minor below brings the output back
-        if defer_bias:
-            y = conv(x, w, None, stride=self.stride, dilation=self.dilation, groups=self.groups)
-            return as_time_minor(y) if self.time_minor else y
-        if b is not None and _triton_bias(x):
-            y = conv(x, w, None, stride=self.stride, dilation=self.dilation, groups=self.groups)
-            return _add_bias(as_time_minor(y) if self.time_minor else y, b)
-        y = conv(x, w, b, stride=self.stride, dilation=self.dilation, groups=self.groups)  # (B, C_out, T/s)
-        return as_time_minor(y) if self.time_minor else y
+        conv = _conv_time_major if self.time_minor and not channels_first else F.conv1d
+        add_after = b is not None and not defer_bias and _triton_bias(x)  # this conv's bias, by the Triton kernel
+        y = conv(
+            x, w, None if defer_bias or add_after else b, stride=self.stride, dilation=self.dilation, groups=self.groups
+        )  # (B, C_out, T/s)
+        if self.time_minor:
+            y = as_time_minor(y)
+        return _add_bias(y, b) if add_after and b is not None else y
 
     def _depthwise_time_minor(self, x: torch.Tensor) -> torch.Tensor:
         """Depthwise conv on a channels-last input as k shifted multiply-adds in fp32, output channels-last.

@@ -112,8 +112,7 @@ class AdmissionQueue:
         """Wake the first waiter not woken yet (on its own loop)."""
         for waiter in self._waiters:
             if not waiter.woken.is_set():
-                running = asyncio.get_running_loop() if _in_loop() else None
-                if waiter.loop is running:
+                if waiter.loop is _running_loop():
                     waiter.woken.set()
                 else:
                     with contextlib.suppress(RuntimeError):
@@ -121,9 +120,8 @@ class AdmissionQueue:
                 return
 
 
-def _in_loop() -> bool:
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+        return asyncio.get_running_loop()
+    except RuntimeError:  # called from a thread without one
+        return None

@@ -291,6 +291,12 @@ class Backend:
         """Prompt tokens of one segment; `model_text` is already `model_text(text)`."""
         return self.builder.target(model_text)
 
+    def prepare_segment(self, text: str) -> tuple[str, torch.Tensor]:
+        """A segment's model text and prompt tokens. Read-only use of the normaliser and tokeniser: safe from any
+        thread (the engine prepares segments on the caller's, Engine._prepare)."""
+        model_text = self.model_text(text)
+        return model_text, self.segment_tokens(model_text)
+
     # ---- decoding ----------------------------------------------------------------------------------------------------
     def set_sampling(self, row: int, sampling: RowSampling) -> None:
         self.stepper.set_sampling(row, sampling)
@@ -346,7 +352,8 @@ class Backend:
         self.stepper.swap_rows(a, b, length_a, length_b, spare=self.session_rows - 1)
 
     def permute_rows(self, dst: list[int], src: list[int], length: int) -> None:
-        self.stepper.permute_rows(dst, src, length)
+        rows = [self._to_device(torch.tensor(r, dtype=torch.long)) for r in (dst, src)]
+        self.stepper.permute_rows(rows[0], rows[1], length)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy KV positions [0, length) of row src into row dst (a cached voice prefix)."""

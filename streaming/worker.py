@@ -129,10 +129,10 @@ class Worker:
         )
         self._prefill_held_since: float | None = None
         self._slow_logged_at = -float("inf")
+        self._slow_unlogged = 0
         self._last_step_s = 0.0  # the backend's step call of the current turn (device work and its one sync)
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
-        self._slow_unlogged = 0
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
 
@@ -306,11 +306,8 @@ class Worker:
         st.segment = Segment(utt, text, 0)  # so a failure below is attributed to this utterance
         s = st.session.settings
         try:
-            if prepared is not None:  # normalised and tokenised on the event loop (Engine._send): ~0.4 ms a segment
-                model_text, seg_tokens = prepared
-            else:
-                model_text = self.b.model_text(text)
-                seg_tokens = self.b.segment_tokens(model_text)
+            # normalised and tokenised on the caller's thread (Engine._prepare: ~0.4 ms a segment), else here
+            model_text, seg_tokens = prepared if prepared is not None else self.b.prepare_segment(text)
             tokens, start = self._segment_prompt(st, seg_tokens, s.condition_on_previous_chunks)
             prompt_end = start + tokens.shape[1]
             room = self.b.max_seq_len - prompt_end

@@ -308,7 +308,10 @@ def test_permute_rows_equals_the_swaps_it_composes() -> None:
         pos[a], pos[b] = pos[b], pos[a]
 
     # the worker's composition, on a stand-in with just what _flush_swaps reads
-    rows = SimpleNamespace(row_pos=pos, _pending_swaps=list(swaps), b=fast)
+    def permute_rows(dst: list[int], src: list[int], length: int) -> None:  # as Backend.permute_rows, on CPU
+        fast.permute_rows(torch.tensor(dst), torch.tensor(src), length)
+
+    rows = SimpleNamespace(row_pos=pos, _pending_swaps=list(swaps), b=SimpleNamespace(permute_rows=permute_rows))
     Worker._flush_swaps(rows)  # type: ignore[arg-type]
     for row in range(7):
         n = pos[row]
