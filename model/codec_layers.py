@@ -61,10 +61,10 @@ def _triton_bias(x: torch.Tensor) -> bool:
 
 # Fold a resblock's conv biases into the passes around them (model.vocoder.ResBlock1): the first conv's bias into the
 # second conv's history join (silu(y + b) as it joins), the second's into the residual add (x + y + b, one kernel).
-# Two fewer passes over the activation per conv pair. "on" where the bias kernel runs (`_triton_bias`); off until
-# measured on a GPU (bench/vocoder_variants "+fuse"; run 16's channels-last profile at 64 × 24 frames: bias 3.8 ms,
-# residual adds 2.8 ms of 29.9).
-FUSE_BIAS = "off"
+# Two fewer passes over the activation per conv pair. "on" (the default) applies where the bias kernel runs
+# (`_triton_bias`). Run 17 on an H200 (bench/vocoder_variants "+fuse", 64 × 24 frames): channels-last 33.1 → 29.5 ms
+# untuned, 29.9 → 26.5 ms autotuned; default layout 52.2 → 50.2 ms; 1 × 8 frames −0.1 ms in each.
+FUSE_BIAS = "on"
 
 
 def fuse_bias(x: torch.Tensor) -> bool:
@@ -100,10 +100,11 @@ def _conv_time_major(
 
 
 # (in channels, kernel, dilation) of decode-path convs that a channels-last decoder runs channels-first, through
-# transposing copies: cuDNN's heuristic gives the channels-last (256, 7, 5) convs a grouped direct kernel, 183 of the
-# untuned layout's 213 ms at 64 × 24 frames on an H200 (run 16), and the rest of that layout ran about as fast as
-# the autotuned one. Under evaluation (bench/vocoder_variants "+cf" sets {(256, 7, 5)}); empty: off.
-CHANNELS_FIRST_CONVS: frozenset[tuple[int, int, int]] = frozenset()
+# transposing copies, unless cuDNN autotunes (torch.backends.cudnn.benchmark while the graphs are captured): its
+# heuristic gives the channels-last (256, 7, 5) convs a grouped direct kernel, 183 of the untuned layout's 213 ms at
+# 64 × 24 frames on an H200 (run 16). Run 17: with this set the untuned layout ran 33.1 ms (1 × 8: 1.48 ms), against
+# 29.9 ms autotuned, and captures in under a second a graph instead of 5–16 s.
+CHANNELS_FIRST_CONVS: frozenset[tuple[int, int, int]] = frozenset({(256, 7, 5)})
 
 
 class LeftContext(Protocol):
@@ -192,9 +193,11 @@ class CausalConv1d(CausalLayer):
         # kernels when either is); as_time_minor below brings the output back. One output channel (the head's
         # conv_post, at the audio rate): run 14 suspected it of two 91 ms cuDNN calls at 64 × 24 frames, run 15
         # found those in two dilated 256-channel convs instead; kept, its effect alone not measured, the copies cost
-        # microseconds. CHANNELS_FIRST_CONVS: shapes cuDNN's heuristic handles badly channels-last.
+        # microseconds. CHANNELS_FIRST_CONVS: shapes cuDNN's heuristic (not its autotuning) handles badly channels-last.
         shape = (self.conv.in_channels, self.conv.kernel_size[0], self.dilation)
-        channels_first = self.conv.out_channels == 1 or shape in CHANNELS_FIRST_CONVS
+        channels_first = self.conv.out_channels == 1 or (
+            shape in CHANNELS_FIRST_CONVS and not torch.backends.cudnn.benchmark
+        )
         if self.time_minor and channels_first:
             x, w = x.contiguous(), w.contiguous()
         conv = _conv_time_major if self.time_minor and not channels_first else F.conv1d

@@ -343,6 +343,7 @@ def test_triton_bias_runs_only_for_inference(monkeypatch) -> None:
         return y.add_(bias[:, None])
 
     monkeypatch.setattr(codec_layers, "BIAS_ADD", "triton")
+    monkeypatch.setattr(codec_layers, "FUSE_BIAS", "off")  # the folded biases: test_fused_resblock_biases_...
     monkeypatch.setattr(vocoder_kernels, "supported", lambda device: True)
     monkeypatch.setattr(vocoder_kernels, "add_channel_bias_", stand_in)
     with torch.no_grad():
@@ -360,7 +361,7 @@ def test_triton_bias_runs_only_for_inference(monkeypatch) -> None:
 
 
 def test_fused_resblock_biases_equal_the_plain_path(monkeypatch) -> None:
-    """codec_layers.FUSE_BIAS = "on" (off by default until measured): each resblock's first conv bias is folded into
+    """codec_layers.FUSE_BIAS = "on" (the default; it applies where the Triton bias kernel runs): each resblock's first conv bias is folded into
     the second conv's silu join and the second's into the residual add. With the kernels stood in for by the same
     arithmetic on CPU, streamed audio in both layouts and the offline decode equal the plain path; the folded path
     really ran (the GPU test compares the real kernels)."""
@@ -398,7 +399,7 @@ def test_fused_resblock_biases_equal_the_plain_path(monkeypatch) -> None:
 
 
 def test_channels_last_decoder_may_run_chosen_convs_channels_first(monkeypatch) -> None:
-    """codec_layers.CHANNELS_FIRST_CONVS (empty by default): a channels-last decoder runs the listed convs through
+    """codec_layers.CHANNELS_FIRST_CONVS ({(256, 7, 5)} by default): a channels-last decoder runs the listed convs through
     channels-first copies and returns to time-major after them; the audio is the same (here every conv is listed)."""
     from model import codec_layers
 

@@ -176,8 +176,8 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):
         parse_settings(["--vocoder-half-step-buckets", "yes"])
-    assert parse_settings([]).vocoder_channels_last == "off"
-    assert parse_settings(["--vocoder-channels-last", "on"]).vocoder_channels_last == "on"
+    assert parse_settings([]).vocoder_channels_last == "on"
+    assert parse_settings(["--vocoder-channels-last", "off"]).vocoder_channels_last == "off"
     assert parse_settings(["--vocoder-channels-last", "tuned"]).vocoder_channels_last == "tuned"
     with pytest.raises(SystemExit, match="--vocoder-channels-last must be off, on or tuned"):
         parse_settings(["--vocoder-channels-last", "1"])
