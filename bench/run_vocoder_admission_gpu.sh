@@ -10,7 +10,8 @@
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_vocoder_admission_gpu.sh
 # Knobs (environment): VOCODER_VARIANTS (default none: the e2e runs the server's default layout, on), VOCODER_LAYOUT
 # (off|on|tuned: skip the choice), HALF_STEP (on|off), ADMISSION (the turn fraction), LEVELS, GRAPH_WAIT_S,
-# EXTRA_SERVE_ARGS, E2E_LIMIT_S, ENGINE_TESTS (a pytest -k for tests/streaming/test_engine_gpu.py after the e2e).
+# EXTRA_SERVE_ARGS, E2E_LIMIT_S, ENGINE_TESTS (a pytest -k for tests/streaming/test_engine_gpu.py after the e2e),
+# PROFILE_LEVEL (py-spy on that level; PROFILE_AFTER_S, PROFILE_S).
 # Everything lands in $OUT/all.tgz (one file: the device returns a limited number of files).
 set -u
 OUT=${OUT:-/tmp/fishgate-vocoder-admission}
@@ -48,7 +49,7 @@ PY
 )
 [ -n "${VOCODER_LAYOUT:-}" ] && layout=$VOCODER_LAYOUT
 echo "vocoder layout for the e2e: --vocoder-channels-last ${layout:-on}"
-OUT=$work SKIP_TESTS=1 WAVES=2 RAMP_S=9 LEVELS="${LEVELS:-384 512}" LEVEL_TIMEOUT_S=100 WARM_CONC=16 PROFILE_LEVEL=none \
+OUT=$work SKIP_TESTS=1 WAVES=2 RAMP_S=9 LEVELS="${LEVELS:-384 512}" LEVEL_TIMEOUT_S=100 WARM_CONC=16 PROFILE_LEVEL=${PROFILE_LEVEL:-none} \
   GRAPH_WAIT_S=${GRAPH_WAIT_S:-100} READY_LIMIT_S=240 \
   SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets ${HALF_STEP:-on} --admission-turn-fraction ${ADMISSION:-0.9} --compile-cache-dir build/cc --vocoder-channels-last ${layout:-on} ${EXTRA_SERVE_ARGS:-}" \
   timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh > $work/e2e.txt 2>&1
