@@ -21,8 +21,11 @@ import torch
 from bench.fullsize import environment, event_ms, random_codec, wall_ms, write_json
 from bench.profile_step import kernel_profile
 from model import codec_layers, compiled_regions, vocoder_stream
+from model.stepper import half_step_buckets
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
+from streaming.backend import VOCODER_MAX_BATCH
+from streaming.chunking import all_chunk_sizes
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
 # "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN);
@@ -39,11 +42,11 @@ def codes_for(b: int, f: int, rows: int, device: str) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def reference(device: str, tiny: bool) -> dict[tuple[int, int], torch.Tensor]:
+def reference(device: str, tiny: bool, shapes: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], torch.Tensor]:
     """fp32 eager audio of both chunks of every shape (the same random weights as the bf16 codec)."""
     codec = random_codec(device, torch.float32, tiny=tiny)
     out = {}
-    for b, f in SHAPES:
+    for b, f in shapes:
         dec = StreamingDecoder(codec, max_slots=b)
         slots = torch.arange(b, device=device)
         out[(b, f)] = torch.cat([dec.decode(c, slots) for c in codes_for(b, f, codec.config.rows, device)], -1)
@@ -78,7 +81,7 @@ def run_variant(
     compiled_regions.reset(static_shapes="+static" in variant)
     rows = []
     # one decoder for every shape, as in the engine (its state's size is fixed, so compiles are shared by shapes)
-    dec = StreamingDecoder(codec, max_slots=2 * max(b for b, _ in SHAPES), channels_last=channels_last)
+    dec = StreamingDecoder(codec, max_slots=2 * max(b for b, _ in shapes), channels_last=channels_last)
     for b, f in shapes:
         if deadline is not None and time.perf_counter() > deadline:
             print(f"{variant}: out of time before {b}×{f}", flush=True)
@@ -147,14 +150,20 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="the tiny codec config (CPU smoke test)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--budget-s", type=float, default=None, help="skip the shapes left after this many seconds")
-    ap.add_argument("--shapes", default=",".join(f"{b}x{f}" for b, f in SHAPES), help="batch×frames, e.g. 1x8,64x24")
+    ap.add_argument(
+        "--shapes",
+        default=",".join(f"{b}x{f}" for b, f in SHAPES),
+        help="batch×frames, e.g. 1x8,64x24; 'engine': every graph the engine captures (half-step buckets up to 64 "
+        "rows × every chunk size: 72 shapes)",
+    )
     args = ap.parse_args()
-    shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))
-    if not set(shapes) <= set(SHAPES):
-        ap.error(f"--shapes must be among {SHAPES}")
+    if args.shapes == "engine":
+        shapes = tuple((b, f) for b in half_step_buckets(VOCODER_MAX_BATCH) for f in all_chunk_sizes())
+    else:
+        shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))  # type: ignore[misc]
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     deadline = time.perf_counter() + args.budget_s if args.budget_s else None
-    ref = reference(device, args.tiny)
+    ref = reference(device, args.tiny, shapes)
     rows = []
     for v in args.variants.split(","):
         rows += run_variant(v, device, args.tiny, ref, deadline, shapes)  # type: ignore[arg-type]
