@@ -5,16 +5,45 @@ A call with B sessions runs the graph of the smallest bucket ≥ B; the padding 
 that no session owns (slots [n_sessions, n_sessions + padding)), so real streams are untouched. Graphs are captured
 on first use or ahead of time with `capture` (the engine: one-row graphs at warm-up, the rest in idle time, see
 `missing`). On CPU this module is not used: the caller decodes eagerly.
+
+Each graph is timed when it is captured (a few replays). A call runs on whichever captured graph of its chunk size
+is cheapest: normally its own bucket, but where the conv library's heuristic picked a pathological kernel for a shape,
+a larger bucket (more padding rows) or several replays of a smaller one. H200 run 17, untuned channels-last layout:
+24 × 24 frames 80.5 ms against 22.7 ms for 48 × 24; 64 × 8 73.3 ms against 5.5 ms for 32 × 8 (`cheapest_plan`).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
+import math
 
 import torch
 
 from .compiled_regions import compiled
 from .vocoder_stream import StreamingDecoder
+
+log = logging.getLogger(__name__)
+
+TIMING_REPLAYS = 3  # replays timed after a graph is captured (its spare-slot state is restored after)
+# another plan must be at least this much cheaper than the call's own bucket: timing noise never reroutes a call (a
+# healthy graph is never slower than padding to a larger one or splitting into several; the pathological ones are 3-13×)
+REROUTE_BELOW = 0.7
+
+
+def cheapest_plan(batch: int, own: int, replay_ms: dict[int, float]) -> tuple[int, int]:
+    """(bucket, replays) to run `batch` rows: the own bucket once, or the bucket whose ⌈batch / bucket⌉ replays cost
+    least (`replay_ms`: timed buckets of this chunk size) where that is under REROUTE_BELOW of the own bucket's time.
+    Ties go to fewer replays."""
+    own_ms = replay_ms.get(own)
+    if own_ms is None:
+        return own, 1
+    best, best_ms = (own, 1), own_ms * REROUTE_BELOW
+    for bucket, ms in sorted(replay_ms.items(), reverse=True):  # larger buckets first: ties keep fewer replays
+        replays = math.ceil(batch / bucket)
+        if replays * ms < best_ms:
+            best, best_ms = (bucket, replays), replays * ms
+    return best
 
 
 class GraphedVocoder:
@@ -25,12 +54,14 @@ class GraphedVocoder:
         batch_buckets: list[int],
         compile_backend: str | None = None,
         cudnn_benchmark: bool = False,
+        reroute: bool = True,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing): each (bucket, frames) graph captures the
         chunk decode compiled by torch.compile (model.compiled_regions) instead of eager PyTorch.
         `cudnn_benchmark`: cuDNN times its algorithms for each conv shape while a graph is captured (seconds per
         graph) instead of trusting its heuristic, which gave two of the channels-last layout's dilated convs a 92 ms
-        kernel at 64 × 24 frames on an H200 (run 15: 274 → 87 ms a call)."""
+        kernel at 64 × 24 frames on an H200 (run 15: 274 → 87 ms a call). `reroute=False`: every call runs its own
+        bucket's graph (batch-invariant decoding must not change kernels with the load)."""
         if decoder.max_slots < n_sessions + max(batch_buckets) - 1:
             raise ValueError("the streaming decoder needs spare slots for padding rows (max_slots ≥ 2·n_sessions)")
         self.decoder = decoder
@@ -39,8 +70,12 @@ class GraphedVocoder:
         self.rows = decoder.codec.config.quantizer.n_groups * decoder.codec.config.quantizer.n_codebooks
         self.compile_backend = compile_backend
         self.cudnn_benchmark = cudnn_benchmark
+        self.reroute = reroute
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self.replay_ms: dict[tuple[int, int], float] = {}  # each captured graph's replay time
+        self.last_rows_run = 0  # rows the last decode ran, padding included (for the caller's accounting)
+        self._rerouted: set[tuple[int, int]] = set()  # (batch, frames) shapes whose reroute was logged
 
     def missing(self, frame_sizes: list[int]) -> list[tuple[int, int]]:
         """(bucket, frames) graphs not captured yet for these chunk sizes, small buckets first."""
@@ -73,21 +108,58 @@ class GraphedVocoder:
                     out = self.decoder.decode(codes, slots)
         finally:
             torch.backends.cudnn.benchmark = benchmark
+        self.replay_ms[(bucket, frames)] = _time_replays(graph)  # on the spare slots, whose state is restored next
         self.decoder.state[spare] = saved
         self._graphs[(bucket, frames)] = (graph, codes, slots, out)
 
+    def plan(self, batch: int, frames: int) -> tuple[int, int]:
+        """(bucket, replays) for a call of `batch` rows (see `cheapest_plan`); only captured graphs are candidates."""
+        own = self.bucket(batch)
+        if not self.reroute:
+            return own, 1
+        times = {b: ms for (b, f), ms in self.replay_ms.items() if f == frames}
+        bucket, replays = cheapest_plan(batch, own, times)
+        if (bucket, replays) != (own, 1) and (batch, frames) not in self._rerouted:
+            self._rerouted.add((batch, frames))
+            log.info(
+                "vocoder: %d × %d frames runs as %d × the %d-row graph (%.1f ms) instead of its own %d-row graph "
+                "(%.1f ms)", batch, frames, replays, bucket, replays * times[bucket], own, times[own],
+            )  # fmt: skip
+        return bucket, replays
+
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """codes (B, rows, F) and slots (B,) on the device → audio (B, F·spf), via the bucket's graph. The audio is a
-        view of the graph's static output, overwritten by the next call of the same shape: copy it to keep it."""
+        """codes (B, rows, F) and slots (B,) on the device → audio (B, F·spf), via the cheapest captured graph (its own
+        bucket's, captured now if missing, unless `plan` finds a faster one). The audio may be a view of a graph's
+        static output, overwritten by the next call of the same shape: copy it to keep it."""
         batch, _, frames = codes.shape
-        bucket = self.bucket(batch)
-        if (bucket, frames) not in self._graphs:
-            self.capture(bucket, frames)
-        graph, codes_in, slots_in, out = self._graphs[(bucket, frames)]
+        if (self.bucket(batch), frames) not in self._graphs:
+            self.capture(self.bucket(batch), frames)
+        bucket, replays = self.plan(batch, frames)
+        self.last_rows_run = bucket * replays
+        if replays == 1:
+            return self._replay(bucket, codes, slots)
+        pieces = range(0, batch, bucket)
+        return torch.cat([self._replay(bucket, codes[i : i + bucket], slots[i : i + bucket]).clone() for i in pieces])
+
+    def _replay(self, bucket: int, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        graph, codes_in, slots_in, out = self._graphs[(bucket, codes.shape[-1])]
+        batch = codes.shape[0]
         codes_in[:batch].copy_(codes)
         slots_in[:batch].copy_(slots)
         if bucket > batch:  # padding rows write to spare slots nobody owns
             slots_in[batch:].copy_(torch.arange(self.n_sessions, self.n_sessions + bucket - batch, device=slots.device))
         graph.replay()
         return out[:batch]
+
+
+def _time_replays(graph: torch.cuda.CUDAGraph) -> float:
+    """Milliseconds per replay of a freshly captured graph (one warm replay, then TIMING_REPLAYS timed)."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(TIMING_REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / TIMING_REPLAYS

@@ -232,6 +232,7 @@ class Backend:
                 self.vocoder, config.max_sessions, self.vocoder_buckets,
                 compile_backend="inductor" if self.compile_vocoder else None,
                 cudnn_benchmark=self.vocoder.channels_last and config.vocoder_autotune,
+                reroute=not self.batch_invariant,
             )  # fmt: skip
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self._prefix_tokens: collections.OrderedDict[bytes, torch.Tensor] = collections.OrderedDict()
@@ -382,7 +383,7 @@ class Backend:
                 decode = self.vocoder_graphs.decode if self.vocoder_graphs is not None else self.vocoder.decode
                 graphed = self.vocoder_graphs is not None  # a graph's output buffer is reused: copy it out
                 launched.append((batch, decode(codes_t, slots_t).to(torch.float32, copy=graphed)))
-                rows_run = self.vocoder_graphs.bucket(len(batch)) if self.vocoder_graphs is not None else len(batch)
+                rows_run = self.vocoder_graphs.last_rows_run if self.vocoder_graphs is not None else len(batch)
                 self.vocode_calls += 1
                 self.vocode_frames_run += rows_run * codes_t.shape[-1]  # graph padding rows included
         out: list[np.ndarray | None] = [None] * len(slots)

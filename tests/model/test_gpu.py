@@ -186,6 +186,36 @@ def test_channels_last_vocoder_graphs_equal_the_default_layout_official(monkeypa
         assert rel <= 5e-2, (channels_last, rel)  # run 16 (bench/vocoder_variants): 2.7–2.8 % in both layouts
 
 
+@torch.inference_mode()
+def test_rerouted_vocoder_calls_equal_their_own_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GraphedVocoder's timed dispatch: a call run on a larger bucket's graph (more padding rows) or split over
+    several replays of a smaller one gives the audio of its own bucket's graph, three chunks (carried state too),
+    fp32; padding rows leave the real slots alone. The replay times are set by hand to force each plan."""
+    from model.vocoder_graphs import GraphedVocoder
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    codec = random_codec("cuda", torch.float32)
+    chunks = [torch.randint(0, 1000, (3, codec.config.rows, 8), generator=gen, device="cuda") for _ in range(3)]
+    slots = torch.tensor([5, 0, 2], device="cuda")
+
+    def audio(times: dict[int, float] | None) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        graphed = GraphedVocoder(StreamingDecoder(copy.deepcopy(codec), max_slots=16), 8, [2, 4, 8])
+        for bucket in (2, 4, 8):
+            graphed.capture(bucket, 8)
+        if times is not None:
+            graphed.replay_ms = {(b, 8): ms for b, ms in times.items()}
+        plans = [graphed.plan(3, 8) for _ in chunks]
+        return torch.cat([graphed.decode(c, slots).clone() for c in chunks], -1), plans
+
+    reference, plans = audio({2: 5.0, 4: 5.0, 8: 9.0})
+    assert plans[0] == (4, 1) and reference.abs().max() > 1e-3
+    for times, plan in (({2: 5.0, 4: 50.0, 8: 9.0}, (2, 2)), ({2: 40.0, 4: 50.0, 8: 9.0}, (8, 1))):
+        got, plans = audio(times)
+        assert plans[0] == plan
+        assert (got - reference).abs().max() <= 1e-4 * reference.abs().max(), plan
+
+
 @torch.no_grad()
 def test_batched_prefill_on_gpu_matches_row_by_row() -> None:
     """The engine's GPU prefill path (prefill_many: one SDPA pass over right-padded prompts) against one prefill per
