@@ -75,6 +75,7 @@ class GraphedVocoder:
         self._pool = torch.cuda.graph_pool_handle()
         self.replay_ms: dict[tuple[int, int], float] = {}  # each captured graph's replay time
         self.last_rows_run = 0  # rows the last decode ran, padding included (for the caller's accounting)
+        self.rerouted_calls = 0  # calls run on another bucket's graph than their own (`plan`)
         self._rerouted: set[tuple[int, int]] = set()  # (batch, frames) shapes whose reroute was logged
 
     def missing(self, frame_sizes: list[int]) -> list[tuple[int, int]]:
@@ -137,6 +138,7 @@ class GraphedVocoder:
             self.capture(self.bucket(batch), frames)
         bucket, replays = self.plan(batch, frames)
         self.last_rows_run = bucket * replays
+        self.rerouted_calls += bucket != self.bucket(batch)
         if replays == 1:
             return self._replay(bucket, codes, slots)
         pieces = range(0, batch, bucket)

@@ -298,6 +298,8 @@ class Engine:
             "vocode_seconds": round(s.vocode_s, 3),
             "vocode_calls": w.b.vocode_calls,
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
+            # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)
+            "vocode_rerouted_calls": w.b.vocoder_graphs.rerouted_calls if w.b.vocoder_graphs is not None else 0,
             # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
             "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
             "behind_real_time": int(w.admission.behind_now()),
