@@ -69,8 +69,13 @@ run_level() {
     (sleep "${PROFILE_AFTER_S:-25}"; py-spy record -p $SERVER -d "${PROFILE_S:-20}" -r 100 --threads --format raw \
       -o "$OUT/spy_$level.txt" --nonblocking > /dev/null 2>&1) &
   fi
+  # the admission's gauges and each half second's turns through the level (bench/metrics_series.py)
+  python3 -m bench.metrics_series http://127.0.0.1:7860/metrics --out "$OUT/series_${TAG:-}$level.jsonl" &
+  SAMPLER=$!
   timeout "${LEVEL_TIMEOUT_S:-200}" $TTFA --concurrency $level --requests $n --ramp-s "${RAMP_S:-0}" \
     --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
+  kill -TERM $SAMPLER; wait $SAMPLER
+  python3 -m bench.metrics_series --table "$OUT/series_${TAG:-}$level.jsonl" > "$OUT/series_${TAG:-}${level}_table.txt"
   cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_${TAG:-}$level.json" 2>/dev/null
   curl -s localhost:7860/metrics > "/tmp/metrics_after_$level.txt"
   python3 bench/turn_attribution.py "/tmp/metrics_before_$level.txt" "/tmp/metrics_after_$level.txt" --level "$level" \

@@ -43,10 +43,28 @@ class PrefillJob:
 
 @dataclass
 class Segment:
+    """A segment being generated. Its frames (1+nc codes each, incl. a final <|im_end|> frame) are written into one
+    array allocated at the first frame, so ending a segment slices instead of stacking hundreds of small arrays (H200
+    run 17: turns where dozens of segments ended spent 20–40 ms in frame handling and segment ends)."""
+
     utterance: int
     text: str
     max_frames: int
-    frames: list[np.ndarray] = field(default_factory=list)  # (1+nc,) each, incl. a final <|im_end|> frame
+    count: int = 0
+    _buffer: np.ndarray | None = None  # (max_frames, 1+nc)
+
+    def append(self, frame: np.ndarray) -> None:
+        if self._buffer is None:
+            self._buffer = np.empty((max(self.max_frames, 1), frame.shape[0]), dtype=frame.dtype)
+        self._buffer[self.count] = frame
+        self.count += 1
+
+    @property
+    def frames(self) -> np.ndarray:
+        """(count, 1+nc): a view of the frames so far."""
+        if self._buffer is None:
+            return np.empty((0, 0), dtype=np.int64)
+        return self._buffer[: self.count]
 
 
 @dataclass

@@ -508,13 +508,13 @@ class Worker:
     def _accept_frame(self, st: Stream, frame: np.ndarray) -> None:
         seg = st.segment
         assert seg is not None
-        seg.frames.append(frame)
+        seg.append(frame)
         ended_by = None
         if int(frame[0]) == self.b.im_end_id:
             ended_by = "end_token"
         else:
             st.vocoder_queue.append(frame[1:].copy())
-            if len(seg.frames) >= seg.max_frames:
+            if seg.count >= seg.max_frames:
                 ended_by = "max_new_tokens"
             audio_s = (st.utterance_samples + len(st.vocoder_queue) * self.b.info.samples_per_frame) / self.rate_hz
             if audio_s >= st.session.settings.max_audio_s:
@@ -526,14 +526,15 @@ class Worker:
         seg = st.segment
         assert seg is not None
         sid = st.session.id
-        gen = torch.from_numpy(np.stack(seg.frames, axis=1)).to(torch.int32)  # (1+nc, n)
+        frames = seg.frames  # (n, 1+nc)
+        gen = torch.from_numpy(np.ascontiguousarray(frames.T, dtype=np.int32))  # (1+nc, n), a copy
         st.history.append(gen)
-        st.last_frame = seg.frames[-1]
-        st.cache_len = st.prompt_end + len(seg.frames) - 1
+        st.last_frame = frames[-1].copy()
+        st.cache_len = st.prompt_end + seg.count - 1
         self._apply_swaps(self.rows.deactivate(sid))
         st.phase = Phase.IDLE
-        spoken = [f[1:] for f in seg.frames if int(f[0]) != self.b.im_end_id]
-        codes = np.stack(spoken, axis=1) if spoken else np.zeros((self.b.info.num_codebooks, 0), np.int64)
+        spoken = frames[frames[:, 0] != self.b.im_end_id, 1:]  # (n', nc), a copy
+        codes = np.ascontiguousarray(spoken.T) if len(spoken) else np.zeros((self.b.info.num_codebooks, 0), np.int64)
         done = SegmentDone(seg.utterance, seg.text, len(spoken), ended_by, codes)
         st.segment = None
         if ended_by == "max_audio":
