@@ -86,6 +86,8 @@ class Stream:
     prefix_cached: bool = False  # the row holds the prefix at [0, len(prefix))
     last_frame: np.ndarray | None = None  # generated but never fed (needed to append the next segment)
     segment: Segment | None = None
+    # the utterance of an ended segment whose last queued frames wait to be vocoded (Worker._flush_ended), else None
+    tail_utterance: int | None = None
     prefill: PrefillJob | None = None
     prompt_end: int = 0  # position after the current segment's prompt
     noise_step: int = 0

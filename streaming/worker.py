@@ -83,9 +83,17 @@ class WorkerLimits:
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
     # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
     grow_chunks_with_buffer: bool = True
+    # Segments whose leftover frames (the tail after the last full chunk) are vocoded per turn, driest clients first;
+    # the rest wait a turn (their stream starts its next segment after that). H200 run 17: turns where dozens of
+    # segments ended spent 20–133 ms vocoding their tails, stalling every stream. None = all in the turn they end.
+    max_tails_per_turn: int | None = 16
     # refuse new sessions while decoding turns average more than this share of a frame's duration, i.e. while the
     # streams already running fall behind real time (streaming.realtime_admission). None = off.
     admission_turn_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tails_per_turn is not None and self.max_tails_per_turn < 1:
+            raise ValueError("max_tails_per_turn must be at least 1 (None: no limit)")
 
 
 @dataclass
@@ -97,6 +105,7 @@ class WorkerStats:
     errors: int = 0
     prefill_holds: int = 0  # turns that held new prompts back for a nearly dry stream
     refills: int = 0  # chunks sent early to a nearly dry stream
+    tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn)
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
@@ -175,6 +184,7 @@ class Worker:
         if self._pending_swaps is not None:  # device writes by row follow: the rows must be where the table says
             self._flush_swaps()  # (the rest of this step's swaps then apply one by one)
         st.closed = True
+        self._ended.pop(sid, None)
         self._apply_swaps(self.rows.deactivate(sid))
         row = self.rows.row[sid]
         self.row_pos[row] = 0
@@ -218,7 +228,8 @@ class Worker:
         elif isinstance(cmd, Cancel):
             st = self.streams.get(cmd.session)
             if st is not None:
-                if st.segment is None or st.segment.utterance == cmd.utterance:
+                in_flight = st.segment.utterance if st.segment is not None else st.tail_utterance
+                if in_flight is None or in_flight == cmd.utterance:
                     self._abort_segment(st)
                 st.pending = collections.deque(p for p in st.pending if p[0] != cmd.utterance)
                 st.ended_utterances.discard(cmd.utterance)
@@ -237,6 +248,8 @@ class Worker:
             self.prefill_queue.remove(sid)
         st.phase = Phase.IDLE
         st.segment, st.prefill = None, None
+        self._ended.pop(sid, None)  # a tail not yet vocoded: dropped with the rest of the queued audio
+        st.tail_utterance = None
         st.vocoder_queue.clear()
         st.history_utterance = -1  # the next utterance starts fresh (the KV row keeps only the prefix)
         if self.row_pos[self.rows.row[sid]] < st.prefix_len:
@@ -246,14 +259,16 @@ class Worker:
 
     # ---- the loop turn -----------------------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.rows.active or self.prefill_queue or any(s.pending for s in self.streams.values()))
+        return bool(
+            self.rows.active or self.prefill_queue or self._ended or any(s.pending for s in self.streams.values())
+        )
 
     def turn(self) -> None:
         """One scheduling turn (commands are applied by the caller before)."""
         t0 = time.perf_counter()
         started = 0
         for st in list(self.streams.values()):
-            if st.phase is Phase.IDLE and st.pending:
+            if st.phase is Phase.IDLE and st.pending and st.tail_utterance is None:
                 self._start_segment(st)
                 started += 1
         t1 = time.perf_counter()
@@ -548,14 +563,15 @@ class Worker:
             else:
                 self._maybe_finish_utterance(st)
 
-        self._ended[sid] = (st, after_tail)  # its queued frames are vocoded at the end of this turn
+        st.tail_utterance = seg.utterance
+        self._ended[sid] = (st, after_tail)  # its queued frames are vocoded at the end of this turn (or a later one)
 
     def _maybe_finish_utterance(self, st: Stream, reason: str = "stop", utterance: int | None = None) -> None:
         """Post UtteranceDone for every ended utterance whose work is over, in utterance order: one still speaking
         holds back the later ones (an empty utterance ended meanwhile must not finish before that audio). `reason`
         is for `utterance` (all of them when None); the others finished here stopped normally."""
         for utt in sorted(st.ended_utterances):
-            in_flight = st.segment is not None and st.segment.utterance == utt
+            in_flight = (st.segment is not None and st.segment.utterance == utt) or st.tail_utterance == utt
             if in_flight or any(p[0] == utt for p in st.pending):
                 break
             st.ended_utterances.discard(utt)
@@ -611,10 +627,18 @@ class Worker:
         return previous
 
     def _flush_ended(self) -> None:
-        """Vocode the queued frames of every segment that ended this turn, in chunk sizes with captured graphs: the
-        k-th piece of every such stream in one call (a burst of streams ending together costs a few calls, not a
-        few per stream), then post each segment's events."""
-        ended, self._ended = list(self._ended.values()), {}
+        """Vocode the queued frames of segments that ended, in chunk sizes with captured graphs: the k-th piece of
+        every such stream in one call (a burst of streams ending together costs a few calls, not a few per stream),
+        then post each segment's events. At most `max_tails_per_turn` segments a turn, driest clients first."""
+        ended = list(self._ended.values())
+        cap = self.limits.max_tails_per_turn
+        if cap is not None and len(ended) > cap:
+            now = time.monotonic()
+            ended = heapq.nsmallest(cap, ended, key=lambda e: e[0].client_buffer_s(self.rate_hz, now))
+            self.stats.tails_deferred += len(self._ended) - cap
+        for st, _ in ended:
+            del self._ended[st.session.id]
+            st.tail_utterance = None
         pieces = {st.session.id: split_tail(len(st.vocoder_queue)) for st, _ in ended}
         for k in range(max((len(p) for p in pieces.values()), default=0)):
             self._vocode([(st, pieces[st.session.id][k], True) for st, _ in ended if k < len(pieces[st.session.id])])
