@@ -210,8 +210,15 @@ def run_level(
         "--ramp-s", str(ramp_s),
         "--texts", str(texts), "--no-plots", "--timeout-s", "600", "--out", str(ttfa_out),
     ]  # fmt: skip
+    # the admission's gauges and each half second's turns through the level (bench/metrics_series.py)
+    series = out / f"series_{level}.jsonl"
+    sampler = subprocess.Popen(
+        [sys.executable, "-m", "bench.metrics_series", base + "/metrics", "--out", str(series)], cwd=ROOT
+    )
     # fishgate ttfa exits 1 when any request failed (refusals under admission, say): its JSON still has them all
     subprocess.run(cmd, cwd=ROOT, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sampler.terminate()
+    sampler.wait(timeout=10)
     wall = time.perf_counter() - t0
     after = counters_from_text(get(base + "/metrics"))
     if spy is not None:
