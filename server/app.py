@@ -137,7 +137,10 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 compile_symbolic_batch_above=settings.compile_symbolic_batch_above,
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             ),
-            WorkerLimits(admission_turn_fraction=settings.admission_turn_fraction),
+            WorkerLimits(
+                admission_turn_fraction=settings.admission_turn_fraction,
+                prefill_step_share=settings.prefill_step_share,
+            ),
             max_queued_chars=settings.max_queued_chars,
             admission_wait_s=settings.admission_wait_s,
         )

@@ -134,6 +134,14 @@ class Settings:
                   "streams the last turns say fit that limit, so a burst comes in a few turns at a time. E.g. 0.9; "
                   "off by default (only --max-sessions limits admission)", "shown_default": "off"},
     )  # fmt: skip
+    prefill_step_share: float | None = field(
+        default=None,
+        metadata={"help": "while streams decode, a turn writes only the new prompt tokens that fit in this share of "
+                  "a decode step's time at the measured seconds per token (at least one prompt chunk), so a burst of "
+                  "arrivals stalls the running streams by about a step instead of several (H200 run 17: 1,024-token "
+                  "turns took 49-92 ms against 10-27 ms steps); the burst's first audio comes later instead. E.g. 1; "
+                  "off by default (not yet measured on a GPU)", "shown_default": "off"},
+    )  # fmt: skip
     admission_wait_s: float = field(
         default=2.0,
         metadata={"help": "with --admission-turn-fraction: how long a new session waits for room before it is refused "
@@ -227,6 +235,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
     if settings.admission_turn_fraction is not None and not 0 < settings.admission_turn_fraction <= 2:
         raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
+    if settings.prefill_step_share is not None and not 0 < settings.prefill_step_share <= 16:
+        raise SystemExit("fishgate: --prefill-step-share must be in (0, 16] (e.g. 1) or off")
     if not 0 <= settings.admission_wait_s <= 60:
         raise SystemExit("fishgate: --admission-wait-s must be in [0, 60] seconds")
     if settings.compile_symbolic_batch_above < 1:

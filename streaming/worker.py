@@ -61,6 +61,12 @@ class WorkerLimits:
     # tokens written per turn, over all prompts (one batched call); None: one chunk where the backend prefills row
     # by row (batch-invariant, CPU), four where it runs prompts as one batch
     prefill_tokens_per_turn: int | None = None
+    # While streams decode, a turn's prompt writing (prefill and first frames) may take about this share of the
+    # decode step's time: the token budget above shrinks to what the measured seconds per prefilled token allow (at
+    # least one prompt chunk a turn), so running streams are not stalled by more than a step's worth of prefill.
+    # H200 run 17: 1,024-token turns took 49–92 ms against 10–27 ms steps. None (the default until measured on a
+    # GPU; `--prefill-step-share`) = the token budget alone.
+    prefill_step_share: float | None = None
     max_undelivered_s: float = 20.0  # unread audio per session before its stream stalls
     stall_timeout_s: float = 30.0  # a stalled stream is closed after this long
     idle_wait_s: float = 0.05  # how long an idle worker blocks on the command queue
@@ -94,6 +100,8 @@ class WorkerLimits:
     def __post_init__(self) -> None:
         if self.max_tails_per_turn is not None and self.max_tails_per_turn < 1:
             raise ValueError("max_tails_per_turn must be at least 1 (None: no limit)")
+        if self.prefill_step_share is not None and self.prefill_step_share <= 0:
+            raise ValueError("prefill_step_share must be positive (None: no time budget)")
 
 
 @dataclass
@@ -114,6 +122,18 @@ class WorkerStats:
     turn_s: float = 0.0  # whole turns (the rest is host bookkeeping)
     slow_turns: int = 0  # turns longer than SLOW_TURN_FRAMES frames of audio (each stream fell behind by that much)
     turn_max_s: float = 0.0  # the longest turn so far
+
+
+PREFILL_SMOOTHING = 0.2  # weight of the newest call in the step and prefill running averages
+
+
+def prefill_token_budget(tokens: int, seconds: float, seconds_per_token: float | None) -> int:
+    """The prompt tokens a turn may write: `tokens`, or fewer where that would take more than `seconds` at the
+    measured `seconds_per_token` (unknown before the first prefill: `tokens`). The caller always writes at least one
+    prompt chunk, so a budget under a chunk still makes progress."""
+    if seconds_per_token is None or seconds_per_token <= 0:
+        return tokens
+    return max(1, min(tokens, int(seconds / seconds_per_token)))
 
 
 class Worker:
@@ -140,6 +160,8 @@ class Worker:
         self._slow_logged_at = -float("inf")
         self._slow_unlogged = 0
         self._last_step_s = 0.0  # the backend's step call of the current turn (device work and its one sync)
+        self._step_avg_s = 0.0  # running average of the step calls (the prefill time budget, prefill_step_share)
+        self._prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
@@ -375,6 +397,9 @@ class Worker:
             return
         chunk = self.limits.prefill_chunk_tokens
         budget = self.limits.prefill_tokens_per_turn or (chunk if self.b.batch_invariant else 4 * chunk)
+        share = self.limits.prefill_step_share
+        if share is not None and self.rows.active:
+            budget = prefill_token_budget(budget, share * self._step_avg_s, self._prefill_s_per_token)
         batch: list[tuple[Stream, PrefillJob, int]] = []  # (stream, its job, tokens to write now)
         used = 0
         for sid in self.prefill_queue:
@@ -388,6 +413,7 @@ class Worker:
         if not batch:
             return
         rows = [self.rows.row[st.session.id] for st, _, _ in batch]
+        t0 = time.perf_counter()
         try:
             logits, hidden = self.b.prefill_many(
                 rows,
@@ -411,6 +437,12 @@ class Worker:
                 finished.append(i)
         if finished:
             self._begin_decoding([batch[i][0] for i in finished], logits[finished], hidden[finished])
+        per_token = (time.perf_counter() - t0) / used
+        self._prefill_s_per_token = (
+            per_token
+            if self._prefill_s_per_token is None
+            else (self._prefill_s_per_token + PREFILL_SMOOTHING * (per_token - self._prefill_s_per_token))
+        )
 
     def _hold_prefill(self) -> bool:
         """Hold new prompts back while a decoding stream's client is nearly dry (its frames come first), for at most
@@ -488,6 +520,7 @@ class Worker:
             t0 = time.perf_counter()
             frames = self.b.step(active, commit, max(self.row_pos[:bucket]))
             self._last_step_s = time.perf_counter() - t0
+            self._step_avg_s += PREFILL_SMOOTHING * (self._last_step_s - self._step_avg_s)
             self.stats.step_s += self._last_step_s
             self.stats.steps += 1
             for r in range(active):

@@ -176,6 +176,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):
         parse_settings(["--vocoder-half-step-buckets", "yes"])
+    assert parse_settings([]).prefill_step_share is None
+    assert parse_settings(["--prefill-step-share", "1"]).prefill_step_share == 1.0
+    with pytest.raises(SystemExit, match="--prefill-step-share must be in"):
+        parse_settings(["--prefill-step-share", "0"])
     assert parse_settings([]).vocoder_channels_last == "on"
     assert parse_settings(["--vocoder-channels-last", "off"]).vocoder_channels_last == "off"
     assert parse_settings(["--vocoder-channels-last", "tuned"]).vocoder_channels_last == "tuned"
