@@ -287,7 +287,7 @@ class Engine:
             "errors": s.errors,
             "prefill_holds": s.prefill_holds,
             "refills": s.refills,
-            "tails_deferred": s.tails_deferred,  # segment tails vocoded a turn or more after their segment ended
+            "tails_deferred": s.tails_deferred,  # segment tails left for a later turn, once for each turn they wait
             # turns longer than two frames of audio (each set every stream back; logged with their phases)
             "slow_turns": s.slow_turns,
             "turn_max_seconds": round(s.turn_max_s, 4),

@@ -113,7 +113,7 @@ class WorkerStats:
     errors: int = 0
     prefill_holds: int = 0  # turns that held new prompts back for a nearly dry stream
     refills: int = 0  # chunks sent early to a nearly dry stream
-    tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn)
+    tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn), once for each turn they wait
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
