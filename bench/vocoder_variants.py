@@ -24,8 +24,6 @@ from model import codec_layers, compiled_regions, vocoder_stream
 from model.stepper import half_step_buckets
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
-from streaming.backend import VOCODER_MAX_BATCH
-from streaming.chunking import all_chunk_sizes
 
 SHAPES = ((1, 8), (8, 8), (64, 8), (64, 24), (256, 24))
 # "+static": compile one graph per shape; "@cat", "@out", "@triton": the history join (vocoder_stream.SILU_JOIN);
@@ -158,6 +156,11 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.shapes == "engine":
+        # imported here: streaming.backend needs soxr, which the GPU machine has only from carried wheels, and the
+        # other shapes run without them (bench/run_vocoder_layouts_gpu.sh; run 17 call 4 failed on this import)
+        from streaming.backend import VOCODER_MAX_BATCH
+        from streaming.chunking import all_chunk_sizes
+
         shapes = tuple((b, f) for b in half_step_buckets(VOCODER_MAX_BATCH) for f in all_chunk_sizes())
     else:
         shapes = tuple(tuple(int(n) for n in s.split("x")) for s in args.shapes.split(","))  # type: ignore[misc]

@@ -134,11 +134,12 @@ class GraphedVocoder:
         bucket's, captured now if missing, unless `plan` finds a faster one). The audio may be a view of a graph's
         static output, overwritten by the next call of the same shape: copy it to keep it."""
         batch, _, frames = codes.shape
-        if (self.bucket(batch), frames) not in self._graphs:
-            self.capture(self.bucket(batch), frames)
+        own = self.bucket(batch)
+        if (own, frames) not in self._graphs:
+            self.capture(own, frames)
         bucket, replays = self.plan(batch, frames)
         self.last_rows_run = bucket * replays
-        self.rerouted_calls += bucket != self.bucket(batch)
+        self.rerouted_calls += bucket != own
         if replays == 1:
             return self._replay(bucket, codes, slots)
         pieces = range(0, batch, bucket)
