@@ -57,7 +57,10 @@ def test_gc_pauses_are_measured_and_long_ones_logged(monkeypatch, caplog) -> Non
 def test_freezing_exempts_start_up_objects_from_collections() -> None:
     frozen = freeze_startup_objects()
     try:
-        assert frozen > 1000 and gc.get_freeze_count() == frozen  # torch and the test suite's objects, at least
+        assert frozen > 1000  # torch and the test suite's objects, at least
+        # a frozen object that is freed leaves the permanent generation, and threads left by earlier tests may free
+        # a few between the two counts (CI once saw 2 fewer): frozen, less at most a handful
+        assert frozen - 100 <= gc.get_freeze_count() <= frozen
         assert len(gc.get_objects()) < frozen  # what collections still walk
     finally:
         gc.unfreeze()
