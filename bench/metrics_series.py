@@ -22,7 +22,10 @@ from pathlib import Path
 
 from bench.turn_attribution import counters_from_text
 
-GAUGES = ("decoding", "prefill_queue", "turn_avg_seconds", "admission_capacity", "admission_waiting")
+GAUGES = (
+    "decoding", "prefill_queue", "turn_avg_seconds", "admission_capacity", "admission_waiting", "step_batch_bucket",
+    "step_length_bucket",
+)  # fmt: skip
 FLAGS = ("behind_real_time",)
 PHASES = ("prefill", "step", "vocode")
 
@@ -49,7 +52,7 @@ def interval_row(t: float, before: dict[str, float], after: dict[str, float]) ->
 
 def table(rows: list[dict[str, float]]) -> str:
     cols = ("t", "decoding", "prefill_queue", "admission_waiting", "admission_capacity", "behind_real_time", "turns",
-            "turn_ms", "prefill_ms", "step_ms", "vocode_ms", "frames_per_turn", "slow_turns")  # fmt: skip
+            "turn_ms", "prefill_ms", "step_ms", "vocode_ms", "frames_per_turn", "slow_turns", "step_length_bucket")  # fmt: skip
     widths = [max(len(c), 8) for c in cols]
     lines = [" ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True))]
     lines += [" ".join(f"{r.get(c, 0):>{w}g}" for c, w in zip(cols, widths, strict=True)) for r in rows]

@@ -45,6 +45,8 @@ echo "not ready after ${READY_LIMIT_S:-300} s"; tail -30 "$OUT/$1"; kill -TERM $
 }
 stamp "serve"
 ts=$(date +%s); serve server.log ""; echo "start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
+# the engine's share of it by phase (the server runs at --log-level warning, so its "engine ready" line is not logged)
+curl -s localhost:7860/metrics | grep -o 'startup_[a-z_]*seconds"} [0-9.]*' | tee -a "$OUT/ready.txt"
 stamp "ready"
 curl -s localhost:7860/healthz; echo
 TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
@@ -96,6 +98,7 @@ if [ -n "${WARM_RESTART:-}" ]; then
   stamp "warm restart"
   ts=$(date +%s); serve server_warm.log "${WARM_SERVE_ARGS:-}"
   echo "warm start → ready: $(( $(date +%s) - ts )) s (${WARM_SERVE_ARGS:-})" | tee -a "$OUT/ready.txt"
+  curl -s localhost:7860/metrics | grep -o 'startup_[a-z_]*seconds"} [0-9.]*' | tee -a "$OUT/ready.txt"
   timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out /tmp/ttfa_warm 2>&1 | tail -3
   cp /tmp/ttfa_warm/ttfa.json "$OUT/ttfa_warm_1.json" 2>/dev/null
   [ -n "${WARM_LEVELS:-}" ] && wait_for_graphs

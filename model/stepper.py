@@ -141,6 +141,9 @@ class DecodeStepper:
         self.out = zeros(n_rows, width)
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # the (batch bucket, attention length) the last step ran at: a step reads every row's keys up to the length
+        # bucket, so one row past a bucket edge moves the whole batch to the next (a /metrics gauge)
+        self.last_bucket = (0, 0)
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self.first_frame_scratch_row = first_frame_scratch_row
         self.first_frame_buckets = power_of_two_buckets(min(FIRST_FRAME_MAX_BATCH, max_batch or n_rows))
@@ -369,6 +372,7 @@ class DecodeStepper:
         """One decode step for rows [0, rows) (set the commit flags first). Returns new frames (rows, 1+nc) on the
         host — the step's only device→host copy and its only sync. Positions must stay below `max_seq_len`."""
         bucket, attn_len = self.bucket_for(rows, max_pos)
+        self.last_bucket = (bucket, attn_len)
         if self.use_cuda_graphs:
             graph = self._graphs.get((bucket, attn_len))
             if graph is None:

@@ -278,6 +278,9 @@ class Engine:
             "state": self.state.value,
             "sessions": len(self._sessions),
             "decoding": w.rows.active,
+            # the last decode step's batch bucket and attention-length bucket (every row's keys are read up to it)
+            "step_batch_bucket": w.b.stepper.last_bucket[0],
+            "step_length_bucket": w.b.stepper.last_bucket[1],
             "prefill_queue": len(w.prefill_queue),
             "command_queue": self._commands.qsize(),
             "steps": s.steps,
@@ -309,6 +312,10 @@ class Engine:
             "admission_waiting": self.admission_waiting,  # sessions waiting in admit() for the capacity to grow
             # graphs still to be captured in idle time; until 0, a burst may pay captures inside its turns
             "graphs_missing": w.b.graphs_missing,
+            # start-up by phase (load_weights, capture_graphs — decode graphs and their compiles —, warm_up — the
+            # one-row vocoder and prefill graphs —, gc_freeze, total): the "engine ready" log line's figures, here
+            # too because benchmarks run the server at --log-level warning
+            **{f"startup_{phase}_seconds": round(sec, 3) for phase, sec in self.timings_s.items()},
         }
 
 

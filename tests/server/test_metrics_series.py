@@ -34,6 +34,8 @@ def test_the_sampler_records_the_turns_of_a_request(server, tmp_path) -> None:
     assert len(rows) >= 5 and all(r["t"] > 0 for r in rows)
     assert {"decoding", "prefill_queue", "turn_avg_seconds", "admission_capacity", "behind_real_time"} <= set(rows[0])
     busy = [r for r in rows if r["turns"] > 0]
+    # the step's buckets: rows decoding need a batch bucket of at least one row and a length bucket past position 0
+    assert all(r["step_length_bucket"] > 0 and r["step_batch_bucket"] >= 1 for r in busy)
     assert busy and sum(r["frames_per_turn"] * r["turns"] for r in busy) > 0
     # a turn straddling two scrapes puts its step in one interval and its turn time in the next: compare totals
     assert sum(r["turn_ms"] * r["turns"] for r in busy) >= sum(r["step_ms"] * r["turns"] for r in busy) > 0

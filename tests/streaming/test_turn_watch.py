@@ -67,8 +67,12 @@ def test_freezing_exempts_start_up_objects_from_collections() -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["slow_turns", "turn_max_seconds", "gc_collections", "gc_max_pause_seconds", "vocode_rerouted_calls"]
-)
+    "key",
+    [
+        "slow_turns", "turn_max_seconds", "gc_collections", "gc_max_pause_seconds", "vocode_rerouted_calls",
+        "step_batch_bucket", "step_length_bucket", "startup_load_weights_seconds", "startup_total_seconds",
+    ],
+)  # fmt: skip
 def test_the_engine_reports_them(key) -> None:
     with running_engine(max_sessions=1, warm_up=False) as engine:
         assert key in engine.stats()
