@@ -33,7 +33,7 @@ from streaming.session import (
 
 from . import live_protocol as proto
 from .gateway import Gateway
-from .http_common import off_loop_if_large
+from .http_common import encode_audio, off_loop_if_large
 from .params import TTSParams, normalize_text, parse_tts_request
 from .wire import (
     CLOSE_INTERNAL,
@@ -283,7 +283,7 @@ class LiveConnection:
                 utt = self.utterances.get(ev.utterance)
                 if utt is None:  # audio of an utterance the client cancelled
                     continue
-                data = await asyncio.to_thread(utt.output.push, ev.pcm)
+                data = await encode_audio(utt.output, ev.pcm)
                 if data:
                     await self._send(proto.audio(data))
                     if not utt.first_audio_sent:

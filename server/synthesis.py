@@ -42,6 +42,7 @@ from streaming.session import (
 from streaming.synth import segment_text
 
 from .gateway import Gateway
+from .http_common import encode_audio
 from .wire import INTERNAL_MESSAGE
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class Synthesis:
                 ev = await self.session.next_event()
                 if isinstance(ev, AudioChunk):
                     self.audio_samples += len(ev.pcm)
-                    data = await asyncio.to_thread(self.output.push, ev.pcm)
+                    data = await encode_audio(self.output, ev.pcm)
                     if data:
                         yield data
                 elif isinstance(ev, SegmentDone):

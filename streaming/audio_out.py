@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-from streaming.audio_encoders import MEDIA_TYPES, codec_sample_rate_hz, make_encoder
+from streaming.audio_encoders import MEDIA_TYPES, PcmEncoder, codec_sample_rate_hz, make_encoder
 from streaming.time_stretch import MAX_CHAINED_SPEED, MAX_SPEED, MIN_CHAINED_SPEED, MIN_SPEED, make_stretcher
 
 # Fish Speech 1.5's vocoder (firefly-gan-vq) output rate: what AudioOutput expects unless told otherwise.
@@ -128,6 +128,13 @@ class AudioOutput:
         self.samples_encoded = 0  # samples handed to the encoder (codec rate)
         self._finished = False
 
+    @property
+    def light(self) -> bool:
+        """Whether `push` is only a few passes over the samples — no time-stretch, no resampling, raw or WAV bytes —
+        so cheap that a caller may run it where a thread hand-off would cost more (a 24-frame chunk: ~40 µs on a
+        2-core CPU, against ~100 µs for a trip through a thread pool)."""
+        return self._stretcher is None and self._resampler is None and isinstance(self._encoder, PcmEncoder)
+
     def push(self, pcm_f32: np.ndarray) -> bytes:
         """Process one chunk of mono samples (1-D, nominally in [-1, 1]); return the bytes ready to send."""
         if self._finished:
@@ -135,7 +142,9 @@ class AudioOutput:
         x = np.asarray(pcm_f32)
         if x.ndim != 1:
             raise ValueError(f"AudioOutput.push() takes mono samples as a 1-D array (T,), got shape {x.shape}")
-        x = np.nan_to_num(x.astype(np.float32, copy=False), nan=0.0, posinf=1.0, neginf=-1.0)
+        x = x.astype(np.float32, copy=False)
+        if not np.isfinite(x).all():  # one pass for the usual chunk instead of nan_to_num's three
+            x = np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0)
         self.samples_in += x.size
         if self._gain != 1.0:
             x = x * self._gain

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,8 @@ class Cancel:
 class Close:
     session: int
 
+
+log = logging.getLogger(__name__)
 
 _session_ids = itertools.count(1)
 
@@ -231,8 +234,50 @@ class Session:
         self._wakeup.set()
 
     def post(self, ev: Event) -> None:
-        """Called on the worker thread."""
-        if isinstance(ev, AudioChunk):
-            self.posted_samples += len(ev.pcm)
+        """Called on the worker thread: one event, handed to the loop now (the worker batches through `Outbox`)."""
+        self.count_posted(ev)
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
             self._loop.call_soon_threadsafe(self.deliver, ev)
+
+    def count_posted(self, ev: Event) -> None:
+        """Worker thread: the audio now on its way counts against the back-pressure limit from this moment."""
+        if isinstance(ev, AudioChunk):
+            self.posted_samples += len(ev.pcm)
+
+
+class Outbox:
+    """The worker's events on their way to the sessions' event loops: collected while the worker works, then handed
+    over by `flush` in one call per loop — one wake-up of the server's loop a flush instead of one per event (H200
+    run 17 at 384 streams: 2.8 % of the worker's samples went to writing the loop's wake-up pipe, 5.8 % of the
+    loop's to reading it). Each session's events keep their order. Worker thread only."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Session, Event]] = []
+
+    def post(self, session: Session, ev: Event) -> None:
+        session.count_posted(ev)
+        self._items.append((session, ev))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        items, self._items = self._items, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Session, Event]]] = {}
+        for session, ev in items:
+            by_loop.setdefault(session._loop, []).append((session, ev))
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+                loop.call_soon_threadsafe(_deliver_all, batch)
+
+
+def _deliver_all(batch: list[tuple[Session, Event]]) -> None:
+    """Loop thread: deliver a flush's events in order; one that fails is logged and the others still arrive (as
+    when each event was its own callback)."""
+    for session, ev in batch:
+        try:
+            session.deliver(ev)
+        except Exception:
+            log.exception("delivering %s to session %s failed", type(ev).__name__, session.id)

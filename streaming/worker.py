@@ -34,6 +34,7 @@ from .session import (
     Cancelled,
     Close,
     EndUtterance,
+    Outbox,
     SegmentDone,
     Session,
     SessionError,
@@ -151,6 +152,7 @@ class Worker:
         self.prefix_cache: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
         self.free_prefix_rows = list(backend.prefix_rows)
         self.stats = WorkerStats()
+        self.outbox = Outbox()  # events for the sessions, handed to their loops after each command and turn phase
         self.rate_hz = backend.info.sample_rate_hz
         self.idle_streams = 0  # set at the end of each turn while admission is on (see turn); read by other threads
         self.admission = RealtimeAdmission(
@@ -172,7 +174,8 @@ class Worker:
         if not self.free_slots:  # the engine admits no more sessions than slots; never let a miscount end the worker
             log.error("session %s: no free slot although the engine admitted it; closing it", session.id)
             self.stats.errors += 1
-            session.post(SessionError(Overloaded.code, "the engine has no free session slot; retry later", None, True))
+            refusal = SessionError(Overloaded.code, "the engine has no free session slot; retry later", None, True)
+            self.outbox.post(session, refusal)
             return
         s = session.settings
         refs = session.voice.references
@@ -182,7 +185,7 @@ class Worker:
             # codes this model cannot read (a voice stored or sent for another codec): this session learns why and
             # closes; the worker, its slots and the other sessions are untouched
             self.stats.errors += 1
-            session.post(SessionError(IncompatibleVoice.code, str(e), None, fatal=True))
+            self.outbox.post(session, SessionError(IncompatibleVoice.code, str(e), None, fatal=True))
             return
         stream = Stream(
             session=session,
@@ -230,7 +233,7 @@ class Worker:
         if utt is not None:
             st.failed_utterances.add(utt)
         st.pending.clear()
-        st.session.post(SessionError(code, message, utt, fatal=fatal))
+        self.outbox.post(st.session, SessionError(code, message, utt, fatal=fatal))
         if fatal:
             self._remove(st.session.id)
         else:
@@ -255,11 +258,12 @@ class Worker:
                     self._abort_segment(st)
                 st.pending = collections.deque(p for p in st.pending if p[0] != cmd.utterance)
                 st.ended_utterances.discard(cmd.utterance)
-                st.session.post(Cancelled(cmd.utterance))
+                self.outbox.post(st.session, Cancelled(cmd.utterance))
         elif isinstance(cmd, Close):
             self._remove(cmd.session)
         elif callable(cmd):
             cmd()  # a job to run on this thread (reference encoding, warm-up)
+        self.outbox.flush()
 
     def _abort_segment(self, st: Stream) -> None:
         """Stop the current segment now: leave the decode batch, forget queued codes, reset the vocoder."""
@@ -303,8 +307,10 @@ class Worker:
         t3 = time.perf_counter()
         calls = self.b.vocode_calls
         self._vocode_ready()
+        self.outbox.flush()  # the chunks go out now, not after the segment tails below
         t4 = time.perf_counter()
         self._flush_ended()
+        self.outbox.flush()
         self.stats.turns += 1
         t5 = time.perf_counter()
         turn_s = t5 - t0
@@ -590,7 +596,7 @@ class Worker:
             st.ended_utterances.add(seg.utterance)
 
         def after_tail() -> None:  # the events follow the segment's last audio
-            st.session.post(done)
+            self.outbox.post(st.session, done)
             if ended_by == "max_audio":
                 self._maybe_finish_utterance(st, reason="max_audio", utterance=done.utterance)
             else:
@@ -613,7 +619,7 @@ class Worker:
             if utt in st.failed_utterances:
                 st.failed_utterances.discard(utt)
                 why = "error"
-            st.session.post(UtteranceDone(utt, why, samples))
+            self.outbox.post(st.session, UtteranceDone(utt, why, samples))
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
     def _vocode_ready(self) -> None:
@@ -703,7 +709,7 @@ class Worker:
             self.stats.vocoded_frames += size
             st.count_sent_audio(len(audio), self.rate_hz, now)
             utt = st.segment.utterance if st.segment is not None else st.history_utterance
-            st.session.post(AudioChunk(utt, audio))
+            self.outbox.post(st.session, AudioChunk(utt, audio))
 
     # ---- rows --------------------------------------------------------------------------------------------------------
     def _apply_swaps(self, swaps: list[tuple[int, int]]) -> None:

@@ -36,6 +36,21 @@ def test_s16_clips_never_wraps():
     np.testing.assert_array_equal(got, [-32767, -32767, -32767, -16384, 0, 16384, 32767, 32767, 32767, 0, 32767])
 
 
+@pytest.mark.parametrize("n", [1, 4096, 49_152])
+def test_s16_fast_path_equals_the_plain_formula(n: int) -> None:
+    """float_to_s16le's in-place path against the formula it replaces, finite and non-finite chunks alike, and it
+    leaves the caller's samples alone."""
+    rng = np.random.default_rng(n)
+    finite = (rng.standard_normal(n) * 0.8).astype(np.float32)
+    bad = finite.copy()
+    bad[::97], bad[n // 2], bad[-1] = np.nan, np.inf, -np.inf
+    for x in (finite, bad, finite.astype(np.float64)):
+        before = x.copy()
+        plain = np.rint(np.clip(np.nan_to_num(x.astype(np.float32), nan=0.0), -1.0, 1.0) * 32767.0).astype("<i2")
+        assert float_to_s16le(x) == plain.tobytes()
+        np.testing.assert_array_equal(x, before)
+
+
 def test_streaming_wav_header_uses_unknown_size_sentinel_and_reads_back():
     header = wav_header(24000)
     assert len(header) == 44 and header[:4] == b"RIFF" and header[8:16] == b"WAVEfmt "
