@@ -767,4 +767,7 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
                 worker.apply(worker.commands.get_nowait())
         except queue.Empty:
             pass
-        worker.turn()
+        try:
+            worker.turn()
+        finally:  # what a failing turn had posted still reaches its sessions
+            worker.outbox.flush()
