@@ -26,6 +26,7 @@ import torch
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
+from model.host_staging import PinnedStaging
 from model.prompt import PromptBuilder, history_is_append
 from model.stepper import DecodeStepper, RowSampling, half_step_buckets, power_of_two_buckets
 from model.text_normalize import get_normalizer
@@ -43,6 +44,9 @@ __all__ = ["Backend", "BackendConfig", "ModelInfo", "RowSampling", "default_chec
 
 # Optional metadata file in a checkpoint folder (fishgate's own; official folders don't have it).
 METADATA_FILE = "fishgate.json"
+# Pinned host memory the worker's small host→device copies go through between two synchronisations (vocoder codes
+# and slots, row permutations; a turn at 512 rows stages ~0.4 MB at most): model.host_staging
+STAGING_BYTES = 4 << 20
 # upstream's inference engine passes max_length=4096 to generate_long (history window size)
 HISTORY_MAX_LENGTH = 4096
 # Attention-length buckets on GPU (positions); the full cache length is always added.
@@ -157,6 +161,7 @@ class Backend:
         self.vocode_calls = 0
         self.graphs_missing = 0  # see count_missing_graphs; set by the worker after warm-up and each idle capture
         self.vocode_frames_run = 0
+        self._staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
 
         t0 = time.perf_counter()
         loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len)
@@ -347,7 +352,9 @@ class Backend:
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc)."""
         self.stepper.set_commit(list(commit))
-        return self.stepper.step(rows, max_pos).numpy()
+        frames = self.stepper.step(rows, max_pos).numpy()
+        self._release_staging()  # the step synchronised the stream: every staged copy has been read
+        return frames
 
     def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
         self.stepper.swap_rows(a, b, length_a, length_b, spare=self.session_rows - 1)
@@ -391,14 +398,20 @@ class Backend:
             audio = audio_t.cpu().numpy()
             for j, i in enumerate(batch):
                 out[i] = audio[j]
+        if launched:
+            self._release_staging()  # the copies out synchronised the stream
         return [a for a in out if a is not None]
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the engine's device without waiting for queued work: a blocking host→device copy
         synchronises the stream first, which would serialise a turn's vocoder calls."""
-        if self.device.type != "cuda":
+        if self._staging is None:
             return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return self._staging.to_device(t)
+
+    def _release_staging(self) -> None:
+        if self._staging is not None:
+            self._staging.release()
 
     # ---- reference voices ------------------------------------------------------------------------------------------
     def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:

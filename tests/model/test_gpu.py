@@ -409,3 +409,22 @@ def test_fused_resblock_biases_on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
             decoder = StreamingDecoder(copy.deepcopy(codec), max_slots=2, channels_last=channels_last)
             audio[fuse] = torch.cat([decoder.decode(codes[..., s : s + 4], slots) for s in range(0, 12, 4)], -1)
         assert (audio["on"] - audio["off"]).abs().max() <= 1e-5, channels_last
+
+
+def test_pinned_staging_copies_arrive_whatever_the_caller_does_next() -> None:
+    """Many small host→device copies through model.host_staging in a row, the caller overwriting its tensor after
+    each, some past the buffer's end (pin_memory() fallback), one device sync: every copy arrives as it was."""
+    from model.host_staging import PinnedStaging
+
+    staging = PinnedStaging(1024, torch.device("cuda"))
+    sent, arrived = [], []
+    for i in range(40):
+        t = torch.arange(5, dtype=torch.int64) + 10 * i if i % 2 else torch.full((3, 4), float(i))
+        sent.append(t.clone())
+        arrived.append(staging.to_device(t))
+        t.fill_(-1)
+    torch.cuda.synchronize()
+    staging.release()
+    assert staging.fallbacks > 0 and staging.used == 0
+    for a, b in zip(sent, arrived, strict=True):
+        assert torch.equal(a, b.cpu())
