@@ -20,7 +20,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 work=/tmp/vocoder-admission
 mkdir -p $work
-timeout 90 python3 -m pytest -q tests/model/test_gpu.py -k "triton or silu_joins or channels_last or fused or rerouted" -p no:cacheprovider \
+timeout 90 python3 -m pytest -q tests/model/test_gpu.py -k "triton or silu_joins or channels_last or fused or rerouted or pinned_staging" -p no:cacheprovider \
   -rf --tb=short > $work/gpu_tests.txt 2>&1
 tail -4 $work/gpu_tests.txt
 # each variant in its own process: cuDNN caches a conv's plan whether tuned or not (run 16 call 3: "+bench" after "+cl"
