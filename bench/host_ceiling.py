@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,22 +55,47 @@ VOCODER_BASE_MS, VOCODER_FRAME_MS = 2.3, 0.0495
 PREFILL_BASE_MS, PREFILL_TOKEN_MS = 60.0, 0.05
 FIRST_FRAMES_MS = 50.0
 FRAME_S = 2048 / 44100
+# `--cost-model run17`: the device as the H200 measured it in runs 12-17, for today's defaults. Decode step: the
+# compiled regions (run 12: 1, 8, 64, 256 rows; the one-row bucket tuned, run 14); 1,024 rows scaled from run 3's
+# eager 256 → 1,024 ratio (never measured compiled). Vocoder: every graph the engine captures, timed in run 17
+# (`bench.vocoder_variants --shapes engine`, the channels-last layout `on`), each call on its cheapest plan as the
+# engine's timed dispatch picks it. Prefill: graph prefill, `--prefill-ms 5 3` unless given.
+DECODE_MS_RUN17 = {1: 2.64, 8: 4.57, 64: 6.28, 256: 8.93, 1024: 8.93 * 44.22 / 15.61}
+RUN17_VOCODER_SHAPES = ROOT / "bench" / "results" / "run17_call5_engine_shapes_on.json"
+REROUTE_BELOW = 0.7  # model.vocoder_graphs: a call moves to another plan only when it costs under this share
 
 
-def decode_ms(bucket: int) -> float:
+def decode_ms(bucket: int, table: dict[int, float] = DECODE_MS) -> float:
     """Log-log interpolation between the measured buckets."""
-    sizes = sorted(DECODE_MS)
+    sizes = sorted(table)
     bucket = min(max(bucket, sizes[0]), sizes[-1])
     i = min(bisect.bisect_left(sizes, bucket), len(sizes) - 1)
     if sizes[i] == bucket:
-        return DECODE_MS[bucket]
+        return table[bucket]
     lo, hi = sizes[i - 1], sizes[i]
     w = (math.log(bucket) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return math.exp((1 - w) * math.log(DECODE_MS[lo]) + w * math.log(DECODE_MS[hi]))
+    return math.exp((1 - w) * math.log(table[lo]) + w * math.log(table[hi]))
 
 
 def vocoder_ms(rows: int, frames: int) -> float:
     return VOCODER_BASE_MS + VOCODER_FRAME_MS * rows * frames
+
+
+def measured_vocoder_ms(path: Path = RUN17_VOCODER_SHAPES) -> Callable[[int, int], float]:
+    """A call of `rows` × `frames` (rows ≤ the largest bucket) at the cost of its cheapest plan among the measured
+    graphs: its own bucket, a larger bucket, or several replays of a smaller one (model.vocoder_graphs)."""
+    shapes = {(r["batch"], r["frames"]): r["ms"] for r in json.loads(path.read_text())["rows"]}
+
+    @functools.cache
+    def cost(rows: int, frames: int) -> float:
+        buckets = sorted(b for b, f in shapes if f == frames)
+        own = next(b for b in buckets if b >= rows)
+        plans = [shapes[(b, frames)] for b in buckets if b > own]
+        plans += [math.ceil(rows / b) * shapes[(b, frames)] for b in buckets if b < own]
+        best = min(plans, default=math.inf)
+        return best if best < REROUTE_BELOW * shapes[(own, frames)] else shapes[(own, frames)]
+
+    return cost
 
 
 def stand_in_capacity(streams: int) -> float:
@@ -77,8 +103,19 @@ def stand_in_capacity(streams: int) -> float:
     in calls of ≤ 64 rows); below 1 the stand-in device keeps up."""
     buckets = decode_batch_buckets(max(streams, 1024))  # the engine's graph sizes
     bucket = buckets[bisect.bisect_left(buckets, streams)]
-    per_frame_s = (decode_ms(bucket) + streams * vocoder_ms(min(streams, 64), 24) / (24 * min(streams, 64))) / 1e3
+    rows = min(streams, 64)
+    call = TimedStandIn.vocoder_call_ms
+    call_ms = call(rows, 24) if call is not None else vocoder_ms(rows, 24)
+    per_frame_s = (decode_ms(bucket, TimedStandIn.decode_table) + streams * call_ms / (24 * rows)) / 1e3
     return per_frame_s / FRAME_S
+
+
+def use_cost_model(name: str) -> None:
+    """--cost-model: set the stand-in's device times (in the server process and the driver's table alike)."""
+    if name == "run17":
+        TimedStandIn.decode_table, TimedStandIn.vocoder_call_ms = DECODE_MS_RUN17, measured_vocoder_ms()
+    else:
+        TimedStandIn.decode_table, TimedStandIn.vocoder_call_ms = DECODE_MS, None
 
 
 class TimedStandIn(Backend):
@@ -86,6 +123,8 @@ class TimedStandIn(Backend):
 
     scale = 1.0  # every device time × this (--device-scale: a slower device, so that few streams load it)
     prefill_base_ms, first_frames_ms = PREFILL_BASE_MS, FIRST_FRAMES_MS  # --prefill-ms (graph prefill is far less)
+    decode_table = DECODE_MS  # --cost-model
+    vocoder_call_ms: Callable[[int, int], float] | None = None  # rows, frames → ms (None: the fit, padded)
 
     def __init__(self, config: BackendConfig) -> None:
         # as on the GPU: no batch invariance, so prompts of a turn share one prefill call
@@ -114,7 +153,7 @@ class TimedStandIn(Backend):
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
         buckets = self.stepper.batch_buckets  # the GPU's captured graphs run padded to these
-        time.sleep(self.scale * decode_ms(buckets[bisect.bisect_left(buckets, rows)]) / 1e3)
+        time.sleep(self.scale * decode_ms(buckets[bisect.bisect_left(buckets, rows)], self.decode_table) / 1e3)
         return self._frames(rows)
 
     def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -126,7 +165,8 @@ class TimedStandIn(Backend):
             for start in range(0, rows, self.vocoder_batch):
                 n = min(self.vocoder_batch, rows - start)
                 padded = buckets[bisect.bisect_left(buckets, n)]
-                time.sleep(self.scale * vocoder_ms(padded, frames) / 1e3)
+                call = self.vocoder_call_ms
+                time.sleep(self.scale * (call(n, frames) if call is not None else vocoder_ms(padded, frames)) / 1e3)
                 self.vocode_calls += 1
                 self.vocode_frames_run += padded * frames
         spf = self.info.samples_per_frame
@@ -134,6 +174,9 @@ class TimedStandIn(Backend):
 
     def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
         pass  # a device-side copy: asynchronous on the GPU
+
+    def permute_rows(self, dst: list[int], src: list[int], length: int) -> None:
+        pass  # likewise (on this CPU it copied the stand-in's real KV cache: a fifth of the worker's time in py-spy)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         pass
@@ -161,6 +204,7 @@ def serve(argv: list[str]) -> int:
     TimedStandIn.prefill_base_ms, TimedStandIn.first_frames_ms = spec.get(
         "prefill_ms", [PREFILL_BASE_MS, FIRST_FRAMES_MS]
     )
+    use_cost_model(spec.get("cost_model", "run7"))
     limits = WorkerLimits(**spec["limits"])
     args = build_parser(argparse.ArgumentParser()).parse_args(argv[1:])
     settings = settings_from(args)
@@ -255,16 +299,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device-scale", type=float, default=1.0, help="every stand-in device time × this")
     parser.add_argument(
+        "--cost-model",
+        choices=("run7", "run17"),
+        default="run7",
+        help="the device's times: runs 1-7's (default, comparable with earlier stand-in runs) or runs 12-17's "
+        "(compiled step, the channels-last vocoder's 72 graphs, graph prefill)",
+    )
+    parser.add_argument(
         "--prefill-ms",
         type=float,
         nargs=2,
-        default=[PREFILL_BASE_MS, FIRST_FRAMES_MS],
+        default=None,
         metavar=("CALL", "FIRST"),
-        help="a prefill call's fixed cost and the first-frame sampling's (default: run 7's eager figures)",
+        help="a prefill call's fixed cost and the first-frame sampling's (default: run 7's eager figures; 5 3, "
+        "graph prefill, with --cost-model run17)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "host_ceiling")
     args = parser.parse_args(argv)
+    if args.prefill_ms is None:
+        args.prefill_ms = [5.0, 3.0] if args.cost_model == "run17" else [PREFILL_BASE_MS, FIRST_FRAMES_MS]
     TimedStandIn.scale = args.device_scale  # for the table's "stand-in need" (the server gets it in its spec)
+    use_cost_model(args.cost_model)
     args.out.mkdir(parents=True, exist_ok=True)
     texts = args.out / "texts.txt"
     write_texts(texts)
@@ -275,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log = (args.out / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend, "device_scale": args.device_scale, "prefill_ms": args.prefill_ms}), "--port", str(port),
+        [sys.executable, __file__, "serve", json.dumps({"limits": limits, "backend": backend, "device_scale": args.device_scale, "prefill_ms": args.prefill_ms, "cost_model": args.cost_model}), "--port", str(port),
          "--max-sessions", str(args.max_sessions), "--max-seq-len", "1024", "--rate-limit-per-min", "1000000",
          "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

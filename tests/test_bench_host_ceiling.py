@@ -26,6 +26,24 @@ def test_cost_model_passes_through_the_measured_points() -> None:
     assert stand_in_capacity(64) < 1 < stand_in_capacity(1024)
 
 
+def test_the_run17_cost_model_reads_the_measured_graphs_and_routes_around_the_bad_ones() -> None:
+    """--cost-model run17: the compiled step's buckets, and each vocoder call at its cheapest plan among run 17's 72
+    measured graphs, as the engine's timed dispatch runs it (24 × 24 was 80.5 ms on its own graph, 13 ms as two
+    12-row replays)."""
+    from bench.host_ceiling import DECODE_MS_RUN17, measured_vocoder_ms, use_cost_model
+
+    call = measured_vocoder_ms()
+    assert call(1, 8) == pytest.approx(1.34, abs=0.05) and call(64, 24) == pytest.approx(29.5, abs=0.2)
+    assert call(24, 24) < 20 and call(20, 24) == call(24, 24)  # rerouted; a call pays its bucket's plan
+    assert decode_ms(256, DECODE_MS_RUN17) == 8.93
+    try:
+        use_cost_model("run17")
+        assert TimedStandIn.vocoder_call_ms is not None and stand_in_capacity(256) < stand_in_capacity(512) < 1
+    finally:
+        use_cost_model("run7")
+    assert TimedStandIn.vocoder_call_ms is None and TimedStandIn.decode_table is DECODE_MS
+
+
 def test_the_engine_speaks_whole_utterances_on_the_stand_in() -> None:
     # half-step vocoder buckets: the stand-in pads calls to the backend's own bucket list
     engine = Engine(
