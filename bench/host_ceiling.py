@@ -113,7 +113,8 @@ def stand_in_capacity(streams: int) -> float:
 def use_cost_model(name: str) -> None:
     """--cost-model: set the stand-in's device times (in the server process and the driver's table alike)."""
     if name == "run17":
-        TimedStandIn.decode_table, TimedStandIn.vocoder_call_ms = DECODE_MS_RUN17, measured_vocoder_ms()
+        TimedStandIn.decode_table = DECODE_MS_RUN17
+        TimedStandIn.vocoder_call_ms = staticmethod(measured_vocoder_ms())  # type: ignore[assignment]
     else:
         TimedStandIn.decode_table, TimedStandIn.vocoder_call_ms = DECODE_MS, None
 

@@ -39,6 +39,8 @@ def test_the_run17_cost_model_reads_the_measured_graphs_and_routes_around_the_ba
     try:
         use_cost_model("run17")
         assert TimedStandIn.vocoder_call_ms is not None and stand_in_capacity(256) < stand_in_capacity(512) < 1
+        backend = TimedStandIn.__new__(TimedStandIn)  # read through an instance, as vocode() does
+        assert backend.vocoder_call_ms(64, 24) == call(64, 24)
     finally:
         use_cost_model("run7")
     assert TimedStandIn.vocoder_call_ms is None and TimedStandIn.decode_table is DECODE_MS
