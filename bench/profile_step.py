@@ -59,8 +59,37 @@ def patched(variant: str) -> Iterator[None]:
         F.scaled_dot_product_attention = saved_sdpa
 
 
+# Kernel families by name, to read where a step's time goes at a glance: the top-N list of a large batch's step
+# spreads one family over many fused-kernel names. Inductor names a Triton kernel after the ops it fused, so those
+# are sorted by what they contain (a fused `mm`: a matmul; `softmax`: attention or sampling's softmax), the library
+# kernels by their own names.
+TRITON_FAMILIES = (
+    ("gemm", ("_mm_", "_mm", "addmm", "bmm")),
+    ("softmax (attention, sampling)", ("softmax",)),
+    ("rms norm", ("rms_norm",)),
+    ("cache write", ("index_put",)),
+)
+LIBRARY_FAMILIES = (
+    ("sort", ("radixsort", "sort")),
+    ("scan (top-p cumsum)", ("devicescan", "scan")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "splitk", "xmma", "cublas")),
+    ("attention", ("fmha", "flash", "cudnn")),
+    ("gather/scatter/index", ("scatter", "gather", "index")),
+    ("copy", ("memcpy", "memset")),
+)
+
+
+def kernel_family(name: str) -> str:
+    low = name.lower()
+    if low.startswith("triton_"):
+        families, fallback = TRITON_FAMILIES, "other triton"
+    else:
+        families, fallback = LIBRARY_FAMILIES, "other"
+    return next((family for family, keys in families if any(k in low for k in keys)), fallback)
+
+
 def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
-    """Kernels of one call of fn: count, summed device time, the top ones by time."""
+    """Kernels of one call of fn: count, summed device time, time by kernel family, the top ones by time."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -75,9 +104,13 @@ def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
             a[0] += 1
             a[1] += evt.time_range.elapsed_us()
     rows = sorted(([n, int(c), t] for n, (c, t) in agg.items()), key=lambda r: -r[2])
+    families: dict[str, float] = defaultdict(float)
+    for n, _, t in rows:
+        families[kernel_family(n)] += t
     return {
         "kernels": sum(r[1] for r in rows),
         "kernel_us_total": sum(r[2] for r in rows),
+        "families_us": {f: round(t, 1) for f, t in sorted(families.items(), key=lambda kv: -kv[1])},
         "top": [{"name": n, "count": c, "us": round(t, 1)} for n, c, t in rows[:top]],
     }
 

@@ -243,6 +243,7 @@ def main() -> None:
                     f"  {v['variant']} batch-{b} graph: {p['kernels']} kernels, "
                     f"{p['kernel_us_total'] / 1e3:.3f} ms kernel time"
                 )
+                print("    by family: " + ", ".join(f"{f} {us / 1e3:.2f} ms" for f, us in p["families_us"].items()))
                 for k in p["top"][: 8 if b == 1 else 16]:
                     print(f"    {k['count']:5d} {k['us']:8.1f} us  {k['name'][:70]}")
 
