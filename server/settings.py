@@ -139,8 +139,9 @@ class Settings:
         metadata={"help": "while streams decode, a turn writes only the new prompt tokens that fit in this share of "
                   "a decode step's time at the measured seconds per token (at least one prompt chunk), so a burst of "
                   "arrivals stalls the running streams by about a step instead of several (H200 run 17: 1,024-token "
-                  "turns took 49-92 ms against 10-27 ms steps); the burst's first audio comes later instead. E.g. 1; "
-                  "off by default (not yet measured on a GPU)", "shown_default": "off"},
+                  "turns took 49-92 ms against 10-27 ms steps); the burst's first audio comes later instead (on the "
+                  "stand-in device with 300 streams arriving steadily: 3 s). E.g. 1; off by default (not measured on "
+                  "a GPU)", "shown_default": "off"},
     )  # fmt: skip
     admission_wait_s: float = field(
         default=2.0,
