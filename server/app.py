@@ -139,6 +139,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
             ),
             WorkerLimits(
                 admission_turn_fraction=settings.admission_turn_fraction,
+                admission_per_turn=settings.admission_per_turn,
                 prefill_step_share=settings.prefill_step_share,
             ),
             max_queued_chars=settings.max_queued_chars,

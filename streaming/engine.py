@@ -186,6 +186,7 @@ class Engine:
             behind = worker.admission.refusal(working=len(self._sessions) - worker.idle_streams)
             if behind is not None:
                 raise AdmissionDeferred(behind)
+            worker.admission.note_admitted()
             session = Session(voice, settings, self._send, loop, max_queued_chars=self.config.max_queued_chars)
             self._sessions[session.id] = session
         try:

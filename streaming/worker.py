@@ -97,6 +97,9 @@ class WorkerLimits:
     # refuse new sessions while decoding turns average more than this share of a frame's duration, i.e. while the
     # streams already running fall behind real time (streaming.realtime_admission). None = off.
     admission_turn_fraction: float | None = None
+    # with the admission on: new sessions admitted between two decoding turns, at most (the rest wait for the next
+    # turn in the admission queue), so a wave let in when room opens does not start together. None = no cap.
+    admission_per_turn: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tails_per_turn is not None and self.max_tails_per_turn < 1:
@@ -156,7 +159,7 @@ class Worker:
         self.rate_hz = backend.info.sample_rate_hz
         self.idle_streams = 0  # set at the end of each turn while admission is on (see turn); read by other threads
         self.admission = RealtimeAdmission(
-            backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction
+            backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction, limits.admission_per_turn
         )
         self._prefill_held_since: float | None = None
         self._slow_logged_at = -float("inf")

@@ -176,6 +176,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):
         parse_settings(["--vocoder-half-step-buckets", "yes"])
+    assert parse_settings([]).admission_per_turn is None
+    assert parse_settings(["--admission-per-turn", "4"]).admission_per_turn == 4
+    with pytest.raises(SystemExit, match="--admission-per-turn must be at least 1"):
+        parse_settings(["--admission-per-turn", "0"])
     assert parse_settings([]).prefill_step_share is None
     assert parse_settings(["--prefill-step-share", "1"]).prefill_step_share == 1.0
     with pytest.raises(SystemExit, match="--prefill-step-share must be in"):
