@@ -3,8 +3,8 @@
 Two costs the H200 run 17 profile showed at 384 streams, measured each way in one process:
 - encoding one audio chunk on the loop vs through `asyncio.to_thread` (what the server did for every chunk), and
   `float_to_s16le` against the `nan_to_num` formula it replaced;
-- posting a turn's events one `call_soon_threadsafe` each (`Session.post`) vs one per flush (`Outbox`): the worker's
-  time posting and the process's CPU time while a loop reads every event.
+- posting a turn's events one `call_soon_threadsafe` each (what the worker did before `Outbox`) vs one per flush:
+  the worker's time posting and the process's CPU time while a loop reads every event.
 
     python -m bench.loop_handoff [--json out.json]
 """
@@ -89,8 +89,10 @@ def posting_cost(batched: bool, sessions: int = 300, turns: int = 200, events: i
                     s = opened[(t * events + i) % sessions]
                     if batched:
                         box.post(s, AudioChunk(0, pcm))
-                    else:
-                        s.post(AudioChunk(0, pcm))
+                    else:  # the old way: each event its own wake-up of the loop
+                        ev = AudioChunk(0, pcm)
+                        s.count_posted(ev)
+                        loop.call_soon_threadsafe(s.deliver, ev)
                 box.flush()
                 posting[0] += time.perf_counter() - t0
                 time.sleep(0.002)

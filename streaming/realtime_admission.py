@@ -91,6 +91,7 @@ class RealtimeAdmission:
     def refusal(self, working: int = 0, now: float | None = None) -> str | None:
         """Why a new session must wait now, or None to admit it; `working` = sessions that have work now (admitted
         sessions that are not idle), which the new one would join."""
+        now = time.monotonic() if now is None else now
         if self.behind_now(now):
             return (
                 f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for "
@@ -101,7 +102,7 @@ class RealtimeAdmission:
             self.limit_s is not None
             and self.max_per_turn is not None
             and self.admitted_since_turn >= self.max_per_turn
-            and not self._stale(time.monotonic() if now is None else now)
+            and not self._stale(now)
         ):
             return (
                 f"the engine admits at most {self.max_per_turn} new sessions a turn and has this turn's; retry in a "

@@ -1,7 +1,7 @@
 """A session as the async side sees it: speak text, end or cancel utterances, and read events.
 
 Owns the thread boundary: commands go to the engine's bounded command queue; events come back from the worker
-through `loop.call_soon_threadsafe` into a local deque. Backpressure is counted, not blocked: the worker stalls a
+through `Outbox` (one `loop.call_soon_threadsafe` per flush) into a local deque. Backpressure is counted, not blocked: the worker stalls a
 session whose undelivered audio exceeds the engine's limit (`posted − consumed`, each counter written by one
 thread only). Knows nothing about models or the wire.
 """
@@ -233,14 +233,9 @@ class Session:
         self._events.append(ev)
         self._wakeup.set()
 
-    def post(self, ev: Event) -> None:
-        """Called on the worker thread: one event, handed to the loop now (the worker batches through `Outbox`)."""
-        self.count_posted(ev)
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
-            self._loop.call_soon_threadsafe(self.deliver, ev)
-
     def count_posted(self, ev: Event) -> None:
-        """Worker thread: the audio now on its way counts against the back-pressure limit from this moment."""
+        """Worker thread (through `Outbox.post`): the audio now on its way counts against the back-pressure limit
+        from this moment."""
         if isinstance(ev, AudioChunk):
             self.posted_samples += len(ev.pcm)
 
