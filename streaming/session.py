@@ -1,9 +1,9 @@
 """A session as the async side sees it: speak text, end or cancel utterances, and read events.
 
 Owns the thread boundary: commands go to the engine's bounded command queue; events come back from the worker
-through `Outbox` (one `loop.call_soon_threadsafe` per flush) into a local deque. Backpressure is counted, not blocked: the worker stalls a
-session whose undelivered audio exceeds the engine's limit (`posted − consumed`, each counter written by one
-thread only). Knows nothing about models or the wire.
+through `Outbox` (one `loop.call_soon_threadsafe` per flush) into a local deque. Backpressure is counted, not
+blocked: the worker stalls a session whose undelivered audio exceeds the engine's limit (`posted − consumed`, each
+counter written by one thread only). Knows nothing about models or the wire.
 """
 
 from __future__ import annotations
