@@ -7,6 +7,8 @@
 #   WAVES=3 RAMP_S=9 LEVELS="128 256 384" LEVEL_TIMEOUT_S=240 bash bench/run_server_gpu.sh   (a steady load: each
 #   client sends 3 requests one after another, first requests spread over 9 s — see docs/BENCHMARKS.md "Steady load")
 #   SERVE_ARGS="--graph-first-frames on" bash bench/run_server_gpu.sh   (extra `fishgate serve` flags)
+#   LEVELS="300 300:low" bash bench/run_server_gpu.sh   (a level is a concurrency, or concurrency:latency for the
+#   clients' Fish latency mode)
 #   SERVE_ARGS="--compile-cache-dir build/cc" WARM_RESTART=1 bash bench/run_server_gpu.sh   (after the levels, start
 #   the server again on the now warm cache: the warm start-up figure, then one level-1 pass; WARM_SERVE_ARGS adds
 #   flags to that start and WARM_LEVELS runs more levels on it)
@@ -61,9 +63,11 @@ wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what=
   echo "graphs still missing after ${GRAPH_WAIT_S:-150} s: $left"
 }
 wait_for_graphs
-run_level() {
-  level=$1
-  n=$(( level * ${WAVES:-1} < 8 ? 8 : level * ${WAVES:-1} ))
+run_level() {  # a level is a concurrency, or concurrency:latency (the clients' Fish latency mode, e.g. 300:low)
+  level=${1/:/_}
+  conc=${1%%:*}
+  case $1 in *:*) latency="--latency ${1#*:}" ;; *) latency="" ;; esac
+  n=$(( conc * ${WAVES:-1} < 8 ? 8 : conc * ${WAVES:-1} ))
   stamp "level $level"
   curl -s localhost:7860/metrics > "/tmp/metrics_before_$level.txt"
   if [ "$level" = "${PROFILE_LEVEL:-256}" ] && command -v py-spy >/dev/null; then
@@ -74,7 +78,7 @@ run_level() {
   # the admission's gauges and each half second's turns through the level (bench/metrics_series.py)
   python3 -m bench.metrics_series http://127.0.0.1:7860/metrics --out "$OUT/series_${TAG:-}$level.jsonl" &
   SAMPLER=$!
-  timeout "${LEVEL_TIMEOUT_S:-200}" $TTFA --concurrency $level --requests $n --ramp-s "${RAMP_S:-0}" \
+  timeout "${LEVEL_TIMEOUT_S:-200}" $TTFA --concurrency $conc --requests $n --ramp-s "${RAMP_S:-0}" $latency \
     --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
   kill -TERM $SAMPLER; wait $SAMPLER
   python3 -m bench.metrics_series --table "$OUT/series_${TAG:-}$level.jsonl" > "$OUT/series_${TAG:-}${level}_table.txt"
