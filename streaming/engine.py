@@ -103,7 +103,6 @@ class Engine:
     def _main(self) -> None:
         started = time.perf_counter()
         self.gc_pauses.install()
-        self.gc_pauses.freeze_survivors = True  # until ready: start-up's full collections stay short (gc_pauses)
         try:
             backend = self.config.backend_factory(self.config.backend)
             self.timings_s.update(backend.timings_s)
@@ -119,8 +118,7 @@ class Engine:
                 self.timings_s["warm_up"] = time.perf_counter() - t0
             backend.graphs_missing = backend.count_missing_graphs()
             t0 = time.perf_counter()
-            self.gc_pauses.freeze_survivors = False
-            frozen = freeze_startup_objects(collect_frozen=True)  # later collections skip what start-up built
+            frozen = freeze_startup_objects()  # later collections skip what start-up built (streaming.gc_pauses)
             self.timings_s["gc_freeze"] = time.perf_counter() - t0
             self.timings_s["total"] = time.perf_counter() - started
             log.info(
@@ -135,7 +133,6 @@ class Engine:
             self._set_fault("start-up failed", e)
             return
         finally:
-            self.gc_pauses.freeze_survivors = False  # a failed start-up too
             self._ready.set()
         try:
             run_forever(worker, self._stop.is_set)

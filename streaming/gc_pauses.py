@@ -6,12 +6,6 @@ torch and inductor alone: ~290,000, a full collection 150 ms on a 2-core CI mach
 walks again. `freeze_startup_objects` collects once and moves what survived to the permanent generation (`gc.freeze`),
 so later collections walk only what requests created. `GcPauses` records each collection's duration through
 `gc.callbacks` (for /metrics) and logs the long ones.
-
-Start-up itself (torch.compile, graph capture) builds millions of objects, and each full collection on the way walked
-all of them again: on the H200 (run 18) 14 full collections of 0.1-0.8 s, ~8 s of a 145 s cold start. While
-`GcPauses.freeze_survivors` is set (the engine sets it until ready), the survivors of each full collection are frozen
-at once (they were all reachable a moment ago), so the next one walks only what was built since. What of that later
-became garbage is reclaimed by the final `freeze_startup_objects(collect_frozen=True)`.
 """
 
 from __future__ import annotations
@@ -37,7 +31,6 @@ class GcPauses:
         self.long_pauses = 0
         self._started: dict[int, float] = {}  # thread id → start of the collection it runs
         self._logged_at = -float("inf")
-        self.freeze_survivors = False  # freeze what each full collection leaves (start-up only; module docstring)
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -54,8 +47,6 @@ class GcPauses:
             self._started[tid] = now
             return
         started = self._started.pop(tid, None)
-        if self.freeze_survivors and info.get("generation") == 2:
-            gc.freeze()  # the collection is over: everything left is reachable
         if started is None:
             return
         pause = now - started
@@ -80,12 +71,8 @@ class GcPauses:
         }
 
 
-def freeze_startup_objects(collect_frozen: bool = False) -> int:
-    """Collect once, then exempt every surviving object from later collections; returns how many are frozen.
-    `collect_frozen`: first return what is frozen already to the collected generations, so that this collection also
-    reclaims what became garbage after `GcPauses.freeze_survivors` froze it (one full walk of the heap)."""
-    if collect_frozen:
-        gc.unfreeze()
+def freeze_startup_objects() -> int:
+    """Collect once, then exempt every surviving object from later collections; returns how many were frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import weakref
 
 import pytest
 
@@ -64,36 +63,6 @@ def test_freezing_exempts_start_up_objects_from_collections() -> None:
         assert frozen - 100 <= gc.get_freeze_count() <= frozen
         assert len(gc.get_objects()) < frozen  # what collections still walk
     finally:
-        gc.unfreeze()
-
-
-def test_start_up_freezes_what_each_full_collection_leaves_and_reclaims_it_at_ready() -> None:
-    """While `freeze_survivors` is set, a full collection's survivors are frozen at once (the next one walks only what
-    was built since); `freeze_startup_objects(collect_frozen=True)` then reclaims what became garbage meanwhile."""
-
-    class Node:
-        def __init__(self) -> None:
-            self.me = self  # a cycle: only the collector frees it
-
-    watch = GcPauses()
-    watch.install()
-    watch.freeze_survivors = True
-    try:
-        kept = [Node() for _ in range(1000)]
-        gc.collect()
-        assert gc.get_freeze_count() >= len(kept)  # frozen by the collection's callback
-        walked = {id(o) for o in gc.get_objects()}
-        assert not any(id(n) in walked for n in kept)  # later collections no longer walk them
-        dropped = weakref.ref(kept.pop())
-        gc.collect()
-        assert dropped() is not None  # frozen garbage stays until ready
-        watch.freeze_survivors = False
-        freeze_startup_objects(collect_frozen=True)
-        assert dropped() is None  # reclaimed by the final collection
-        assert all(n.me is n for n in kept)
-    finally:
-        watch.freeze_survivors = False
-        watch.uninstall()
         gc.unfreeze()
 
 
