@@ -144,6 +144,11 @@ class DecodeStepper:
         # the (batch bucket, attention length) the last step ran at: a step reads every row's keys up to the length
         # bucket, so one row past a bucket edge moves the whole batch to the next (a /metrics gauge)
         self.last_bucket = (0, 0)
+        # what a turn may pay for without it showing in the phases' names (the slow-turn log and /metrics): graphs
+        # captured (decode, first frames, prefill; at start-up, in idle time or on first use) and prompt passes that
+        # fit no static prefill bucket and ran eagerly (~3,000 kernel launches, ~0.1 s on the H200)
+        self.graphs_recorded = 0
+        self.eager_prefills = 0
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self.first_frame_scratch_row = first_frame_scratch_row
         self.first_frame_buckets = power_of_two_buckets(min(FIRST_FRAME_MAX_BATCH, max_batch or n_rows))
@@ -188,6 +193,7 @@ class DecodeStepper:
             out = self.static_prefill.prefill_many([row], [tokens], [start_pos])
             if out is not None:
                 return out[0][0], out[1][0]
+            self.eager_prefills += 1
         return self.model.prefill(tokens.to(self.device), self.cache, row, start_pos)
 
     @torch.inference_mode()
@@ -199,6 +205,7 @@ class DecodeStepper:
             out = self.static_prefill.prefill_many(rows, prompts, start_positions)
             if out is not None:
                 return out
+            self.eager_prefills += 1
         return self.model.prefill_many([p.to(self.device) for p in prompts], self.cache, rows, start_positions)
 
     @torch.inference_mode()
@@ -402,6 +409,7 @@ class DecodeStepper:
     def _record(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """`run` twice on a side stream (warm-up; the first run also compiles, when compiling), then captured into
         a graph in the stepper's memory pool. The warm-up runs execute: the caller makes them harmless."""
+        self.graphs_recorded += 1
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -76,6 +76,7 @@ class GraphedVocoder:
         self.replay_ms: dict[tuple[int, int], float] = {}  # each captured graph's replay time
         self.last_rows_run = 0  # rows the last decode ran, padding included (for the caller's accounting)
         self.rerouted_calls = 0  # calls run on another bucket's graph than their own (`plan`)
+        self.captures = 0  # graphs captured (at start-up, in idle time, or on first use inside a turn)
         self._rerouted: set[tuple[int, int]] = set()  # (batch, frames) shapes whose reroute was logged
 
     def missing(self, frame_sizes: list[int]) -> list[tuple[int, int]]:
@@ -109,6 +110,7 @@ class GraphedVocoder:
                     out = self.decoder.decode(codes, slots)
         finally:
             torch.backends.cudnn.benchmark = benchmark
+        self.captures += 1
         self.replay_ms[(bucket, frames)] = _time_replays(graph)  # on the spare slots, whose state is restored next
         self.decoder.state[spare] = saved
         self._graphs[(bucket, frames)] = (graph, codes, slots, out)

@@ -458,6 +458,10 @@ class Backend:
         finally:
             self.graphs_missing = self.count_missing_graphs()
 
+    def graphs_captured(self) -> int:
+        """Decode, first-frame, prefill and vocoder graphs captured so far (a turn that grows this paid a capture)."""
+        return self.stepper.graphs_recorded + (self.vocoder_graphs.captures if self.vocoder_graphs is not None else 0)
+
     def count_missing_graphs(self) -> int:
         """Decode, prefill and vocoder graphs not captured yet (0 on CPU). Worker thread only: others read the
         `graphs_missing` it leaves after each idle capture (the /metrics gauge a benchmark waits on before loading)."""

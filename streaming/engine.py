@@ -305,6 +305,10 @@ class Engine:
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
             # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)
             "vocode_rerouted_calls": w.b.vocoder_graphs.rerouted_calls if w.b.vocoder_graphs is not None else 0,
+            # graphs captured so far (start-up, idle time, first use: a level that grows it paid captures in turns)
+            # and prompt passes that fit no static prefill bucket and ran eagerly (GPU: ~0.1 s each)
+            "graphs_captured": w.b.graphs_captured(),
+            "prefill_eager_calls": w.b.stepper.eager_prefills,
             # running average of decoding turns (streaming.realtime_admission) and whether new sessions wait on it
             "turn_avg_seconds": round(w.admission.turn_avg_s, 4),
             "behind_real_time": int(w.admission.behind_now()),

@@ -296,6 +296,7 @@ class Worker:
         """One scheduling turn (commands are applied by the caller before)."""
         t0 = time.perf_counter()
         started = 0
+        captured, eager = self.b.graphs_captured(), self.b.stepper.eager_prefills
         for st in list(self.streams.values()):
             if st.phase is Phase.IDLE and st.pending and st.tail_utterance is None:
                 self._start_segment(st)
@@ -324,7 +325,12 @@ class Worker:
                 "starts": t1 - t0, "prefill": t2 - t1, "step": self._last_step_s,
                 "frames and segment ends": t3 - t2 - self._last_step_s, "vocode": t4 - t3, "tails": t5 - t4,
             }  # fmt: skip
-            self._note_slow_turn(turn_s, phases, started, rows, self.b.vocode_calls - calls)
+            counts = {
+                "segments started": started, "rows decoding": rows, "vocoder calls": self.b.vocode_calls - calls,
+                "prompts queued": len(self.prefill_queue), "graphs captured": self.b.graphs_captured() - captured,
+                "eager prompt passes": self.b.stepper.eager_prefills - eager,
+            }  # fmt: skip
+            self._note_slow_turn(turn_s, phases, counts)
         if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
             self.admission.record_turn(turn_s, rows)
         if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
@@ -332,17 +338,17 @@ class Worker:
             if self.after_turn is not None:
                 self.after_turn()
 
-    def _note_slow_turn(self, turn_s: float, phases: dict[str, float], started: int, rows: int, calls: int) -> None:
+    def _note_slow_turn(self, turn_s: float, phases: dict[str, float], counts: dict[str, int]) -> None:
         self.stats.slow_turns += 1
         now = time.monotonic()
         if now - self._slow_logged_at < SLOW_TURN_LOG_S:
             self._slow_unlogged += 1
             return
         where = ", ".join(f"{name} {sec * 1e3:.1f}" for name, sec in phases.items())
+        what = ", ".join(f"{n} {name}" for name, n in counts.items())
         log.warning(
-            "slow turn: %.0f ms (%s ms; %d segments started, %d rows decoding, %d vocoder calls, %d prompts queued); "
-            "%d more slow turns since the last report",
-            turn_s * 1e3, where, started, rows, calls, len(self.prefill_queue), self._slow_unlogged,
+            "slow turn: %.0f ms (%s ms; %s); %d more slow turns since the last report",
+            turn_s * 1e3, where, what, self._slow_unlogged,
         )  # fmt: skip
         self._slow_logged_at, self._slow_unlogged = now, 0
 

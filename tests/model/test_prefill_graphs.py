@@ -148,6 +148,7 @@ def test_prompts_that_fit_no_bucket_run_the_plain_pass() -> None:
     one = random_sequence(model, too_long, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(plain.prefill(6, one, 0), static.prefill(6, one, 0), strict=True))
     assert passes == []
+    assert (static.eager_prefills, plain.eager_prefills) == (2, 0)  # counted for /metrics and the slow-turn log
     with pytest.raises(ValueError, match="exceeds the context"):
         static.prefill_many([0], [random_sequence(model, 12, seed=2)], [500])  # its padding would write at 512
 

@@ -131,6 +131,7 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
                 await asyncio.sleep(0.1)
             assert not stepper.missing_graphs()
             assert not vocoder.missing(all_chunk_sizes()), "batched vocoder graphs are captured in idle time too"
+            assert engine.stats()["graphs_captured"] >= len(stepper._graphs) + len(vocoder.replay_ms) > 0
             solo = await speak(engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=60)), *TEXTS)
             others = [engine.open_session(Voice(), SynthesisSettings(seed=50 + i)) for i in range(5)]
             for o in others:

@@ -31,7 +31,10 @@ def test_slow_turns_are_counted_and_logged_with_their_phases(monkeypatch, caplog
     assert stats["slow_turns"] >= 2 and stats["turn_max_seconds"] > 0
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow turn:")]
     assert len(reports) == 1, reports
-    for phase in ("starts", "prefill", "step", "frames and segment ends", "vocode", "tails", "rows decoding"):
+    for phase in (
+        "starts", "prefill", "step", "frames and segment ends", "vocode", "tails", "rows decoding", "graphs captured",
+        "eager prompt passes",
+    ):  # fmt: skip
         assert phase in reports[0]
 
 
@@ -71,6 +74,7 @@ def test_freezing_exempts_start_up_objects_from_collections() -> None:
     [
         "slow_turns", "turn_max_seconds", "gc_collections", "gc_max_pause_seconds", "vocode_rerouted_calls",
         "step_batch_bucket", "step_length_bucket", "startup_load_weights_seconds", "startup_total_seconds",
+        "graphs_captured", "prefill_eager_calls",
     ],
 )  # fmt: skip
 def test_the_engine_reports_them(key) -> None:
