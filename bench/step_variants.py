@@ -6,6 +6,8 @@
 4. `compiled_cd` — + inductor's coordinate-descent tuning of its Triton kernels (slow to compile)
 5. `compiled_reduce` — `compiled` with the cached attention as fp32 reductions inductor generates at every batch
    (`compiled` does so at batch 1 only, `compiled_sdpa` never)
+6. `compiled_length` — `compiled` with the slow stack's decode attention by model.decode_attention's kernel, which
+   reads each row's keys only up to its position (`--length-attention on`)
 
 Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 3-4), frames against variant
 1 over 4 committed steps from the same state (sampling is chaotic: one flipped near-tie changes every later code, so
@@ -47,6 +49,7 @@ class Variant:
     coordinate_descent: bool = False  # inductor's coordinate-descent tuning of its Triton kernels
     reduction_attention: bool = False  # the slow and fast stacks' cached attention as inductor reductions
     decode_attention: str = "auto"  # otherwise: the model's rule (reductions at batch 1), or "sdpa"
+    length_attention: bool = False  # the slow stack's decode attention by model.decode_attention's kernel
 
 
 VARIANTS = {
@@ -57,11 +60,13 @@ VARIANTS = {
     "compiled_cd": Variant(compiled=True, coordinate_descent=True),
     "compiled_reduce": Variant(compiled=True, reduction_attention=True),
     "compiled_autotune": Variant(compiled=True, mode="max-autotune-no-cudagraphs"),  # minutes of autotuning per shape
+    "compiled_length": Variant(compiled=True, length_attention=True),  # `compiled` + the length-aware attention kernel
 }
 
 
 def apply(model: DualARTransformer, v: Variant) -> None:
     Attention.decode_attention = "reduction" if v.reduction_attention else v.decode_attention
+    model.use_length_attention(v.length_attention)
     if v.fused:
         model.fuse_feed_forward()
     if v.compiled:

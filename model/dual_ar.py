@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import decode_attention
 from .compiled_regions import region
 from .config import DualARConfig
 from .kv_cache import SEQ_ALIGN, KVCache
@@ -84,6 +85,16 @@ class DualARTransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear | Attention):
                 module.batch_invariant = enabled
+
+    def use_length_attention(self, enabled: bool) -> None:
+        """The slow stack's cached decode attention through model.decode_attention's kernel, which stops at each
+        row's position instead of reading the whole attention bucket (not batch-invariant mode: that keeps its own
+        row-independent attention). Raises where the kernel cannot run (no Triton, no CUDA)."""
+        if enabled and not decode_attention.supported(self.embeddings.weight.device):
+            raise ValueError("the length-aware decode attention needs a CUDA GPU and Triton")
+        for module in self.layers.modules():  # the slow stack's only (the fast stack's caches are a few positions)
+            if isinstance(module, Attention):
+                module.length_attention = enabled
 
     def fuse_feed_forward(self) -> None:
         """One matmul for each layer's w1 and w3 (see layers.FeedForward.fuse); for inference after loading."""

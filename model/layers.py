@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compiled_regions import region
+from .decode_attention import length_attention
 from .rope import apply_rope
 
 
@@ -94,6 +95,10 @@ class Attention(nn.Module):
     # the H200: batch-1 step 3.83 → 3.27 ms; at batch 8 it was slower, 4.56 → 5.81 ms, so SDPA there), "reduction"
     # = for every batch (bench/step_variants.py's what-if), "sdpa" = never. Eager paths always use SDPA.
     decode_attention = "auto"
+    # Cached single-token attention through model.decode_attention's kernel, which reads each row's keys only up to
+    # its position (the slow stack's layers only: their mask is exactly "positions ≤ input_pos"); set through
+    # DualARTransformer.use_length_attention. Takes precedence over decode_attention.
+    length_attention = False
 
     def __init__(self, dim: int, n_head: int, n_local_heads: int, qkv_bias: bool) -> None:
         super().__init__()
@@ -139,7 +144,10 @@ class Attention(nn.Module):
             if mask is not None:
                 attn_mask = mask.unsqueeze(2).expand(bsz, 1, group, seqlen, mask.shape[-1])
                 attn_mask = attn_mask.reshape(bsz, 1, group * seqlen, mask.shape[-1])
-        if self.batch_invariant or x.device.type == "cpu":
+        if self.length_attention and k_cache is not None and seqlen == 1 and not self.batch_invariant:
+            assert input_pos is not None
+            y = length_attention(q, keys, values, input_pos[:, 0] + 1)  # keys [0, pos] of each row
+        elif self.batch_invariant or x.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes
             y = invariant_attention(q, keys, values, attn_mask)
         elif self._by_reduction(bsz, seqlen, k_cache is not None):

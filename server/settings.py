@@ -65,6 +65,13 @@ class Settings:
                   "GEMVs as fused Triton kernels (with --compile-max-batch; H200 run 14: batch-1 step 3.28 -> 2.64 ms, "
                   "about a minute more of compile per context bucket on an empty --compile-cache-dir)"},
     )  # fmt: skip
+    length_attention: str = field(
+        default="off",
+        metadata={"help": "on | off: the slow stack's decode attention through a Triton kernel that reads each "
+                  "stream's keys only up to its position, instead of SDPA over the whole context bucket (H200 run 18: "
+                  "attention was 5.2 of a 12.1 ms step at 384 rows, at ~40 %% of the bandwidth its bytes need). CUDA "
+                  "only; not measured on a GPU yet, so off by default"},
+    )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,
         metadata={"help": "with --compile-max-batch above this, the larger buckets compile with a symbolic batch "

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model import decode_attention
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
@@ -103,6 +104,9 @@ class BackendConfig:
     # TUNED_OPTIONS: its GEMVs become fused Triton reductions). Run 14, H200: batch-1 step 3.28 → 2.64 ms, its
     # compile 16 → 66 s on an empty cache (per attention-length bucket used at batch 1), cached after
     tune_single_row: bool = True
+    # the slow stack's decode attention through model.decode_attention's length-aware kernel (CUDA and Triton only;
+    # not batch-invariant engines). Not measured on a GPU yet: off
+    length_attention: bool = False
     # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
     # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
     # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
@@ -171,6 +175,12 @@ class Backend:
         invariant = self.device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
         self.model.set_batch_invariant(invariant)
         self.batch_invariant = invariant
+        if config.length_attention:
+            if invariant or self.device.type != "cuda" or not decode_attention.supported(self.device):
+                raise ValueError(
+                    "--length-attention on needs a CUDA GPU with Triton and no batch-invariant mode; turn it off"
+                )
+            self.model.use_length_attention(True)
         # the codec decodes in fp32 on CPU and bf16 on GPU; the encoder (references) always runs fp32
         self.codec = load_codec(folder, device=self.device, dtype=dtype, with_encoder=False)
         self._encoder_folder = folder

@@ -428,3 +428,54 @@ def test_pinned_staging_copies_arrive_whatever_the_caller_does_next() -> None:
     assert staging.fallbacks > 0 and staging.used == 0
     for a, b in zip(sent, arrived, strict=True):
         assert torch.equal(a, b.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_length_attention_kernel_equals_masked_sdpa_at_full_size(dtype: torch.dtype) -> None:
+    """model.decode_attention's kernel against SDPA with the decode mask, at the slow stack's shapes (2 kv heads, 8
+    query heads each, head dim 64) on strided cache views, one split and several: fp32 to rounding (no TF32), bf16
+    as close to the fp32 result as SDPA's own bf16 is."""
+    import torch.nn.functional as F
+
+    from model import decode_attention
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for rows, bucket in [(1, 2048), (5, 1024), (384, 2048)]:
+        cache_k = torch.randn(2, rows + 1, 2, 4096, 64, device="cuda").to(dtype)
+        cache_v = torch.randn(2, rows + 1, 2, 4096, 64, device="cuda").to(dtype)
+        keys, values = cache_k[1, :rows, :, :bucket], cache_v[1, :rows, :, :bucket]
+        q = torch.randn(rows, 2, 8, 64, device="cuda").to(dtype)
+        lengths = torch.randint(1, bucket + 1, (rows,), device="cuda")
+        lengths[0] = bucket
+        mask = (torch.arange(bucket, device="cuda") < lengths.view(-1, 1)).view(rows, 1, 1, bucket)
+        exact = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask)
+        got = decode_attention.length_attention(q, keys, values, lengths)
+        assert got.dtype == dtype and got.shape == q.shape
+        err = ((got.float() - exact).norm() / exact.norm()).item()
+        if dtype == torch.float32:
+            assert err < 1e-5, (rows, bucket, err)
+        else:
+            sdpa = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            sdpa_err = ((sdpa.float() - exact).norm() / exact.norm()).item()
+            assert err < max(2 * sdpa_err, 1e-2), (rows, bucket, err, sdpa_err)
+        print(f"{dtype} rows {rows} bucket {bucket} splits {decode_attention.split_count(rows, 2, bucket)}: "
+              f"rel err {err:.1e}")  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")
+@torch.no_grad()
+def test_compiled_step_with_length_attention_equals_eager() -> None:
+    """The decode step with the length-aware attention kernel, compiled and in a CUDA graph, fp32: the plain eager
+    step's frames (greedy rows exactly, sampled rows nearly all), as test_compiled_step_equals_eager."""
+    model = cuda_model("gqa_fast_project", torch.float32)
+    eager = run_stepper(DecodeStepper(model, 4, max_seq_len=128, length_buckets=[64]), 8)
+    kernel_model = copy.deepcopy(model)
+    kernel_model.use_length_attention(True)
+    compiled = DecodeStepper(
+        kernel_model, 4, max_seq_len=128, length_buckets=[64], use_cuda_graphs=True, compile_backend="inductor"
+    )
+    got = run_stepper(compiled, 8)
+    assert torch.equal(got[:, [0, 2]], eager[:, [0, 2]]), "greedy rows differ"
+    assert (got == eager).float().mean() >= 0.95

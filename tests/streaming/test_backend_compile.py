@@ -3,7 +3,9 @@ or, by default (None = auto), on a GPU with CUDA graphs — not on CPU, where it
 
 from __future__ import annotations
 
-from model.layers import FeedForward
+import pytest
+
+from model.layers import Attention, FeedForward
 from streaming.backend import Backend, BackendConfig
 
 
@@ -24,3 +26,12 @@ def test_an_explicit_compile_limit_is_kept_on_cpu() -> None:
 def test_compile_vocoder_is_for_cuda_graph_vocoders_only() -> None:
     backend = Backend(BackendConfig(max_sessions=2, compile_vocoder=True))
     assert backend.compile_vocoder is False and backend.vocoder_graphs is None  # the CPU decodes eagerly
+
+
+def test_length_attention_is_refused_where_its_kernel_cannot_run() -> None:
+    """The length-aware decode attention is a CUDA kernel: on CPU the backend refuses it at start-up, naming the fix,
+    and by default no layer uses it."""
+    backend = Backend(BackendConfig(max_sessions=2))
+    assert not any(m.length_attention for m in backend.model.modules() if isinstance(m, Attention))
+    with pytest.raises(ValueError, match=r"--length-attention on needs a CUDA GPU.*turn it off"):
+        Backend(BackendConfig(max_sessions=2, length_attention=True))

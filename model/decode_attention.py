@@ -1,0 +1,173 @@
+"""Cached one-token attention for the slow stack's decode step, as a Triton kernel that stops at each row's length.
+
+In a decode step every row attends from one new token to the keys at its positions [0, pos]. SDPA (cuDNN's flash
+kernel on the H200) is given the whole attention-length bucket and a mask, so it reads every row's keys up to the
+bucket's end (2,048 positions for rows at 1,000-1,900) and ran at ~40 % of the memory bandwidth those bytes need:
+5.2 of a 12.1 ms step at 384 rows (H200 run 18, docs/BENCHMARKS.md). Here one program per (row, kv head, split of
+the length) reads each key and value block once for the kv head's G query heads (the query heads that share it, as
+`Attention` folds them), skips the blocks past the row's length, and keeps a running softmax in fp32; a second
+kernel merges the splits when there are several (few rows: more programs than rows × kv heads keep the GPU busy).
+
+Numerics: scores, softmax and the weighted sum accumulate in fp32; the probabilities are rounded to the values'
+dtype before their product with V (as flash attention does), so results match SDPA to rounding, not bitwise. fp32
+inputs use IEEE fp32 dot products (no TF32). Off by default (`DualARTransformer.use_length_attention`); tested
+against the masked softmax on CPU through Triton's interpreter and on CUDA (tests/model/test_decode_attention.py,
+tests/model/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    AVAILABLE = True
+except ImportError:  # the CPU wheels of torch ship without Triton
+    AVAILABLE = False
+
+BLOCK_N = 64  # keys per block
+MIN_PROGRAMS = 4 * 132  # split the length until rows × kv heads × splits reaches this (an H200 has 132 SMs)
+
+
+@functools.cache
+def supported(device: torch.device) -> bool:
+    """Whether the kernel can run here: CUDA with Triton on Volta or newer (or any device in Triton's interpreter)."""
+    if not AVAILABLE:
+        return False
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (7, 0)
+    return os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the CPU tests)
+
+
+def split_count(rows: int, kv_heads: int, length: int) -> int:
+    """Splits of the length per (row, kv head): enough programs for the GPU, at least one block of keys each."""
+    blocks = max(1, -(-length // BLOCK_N))
+    return max(1, min(blocks, -(-MIN_PROGRAMS // (rows * kv_heads))))
+
+
+def length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """softmax(q·kᵀ/√d)·v over each row's first `lengths[b]` keys. q (B, Hkv, G, D): the G query heads of each kv
+    head; keys/values (B, Hkv, L, D), any strides with the last one 1; lengths (B,) int, 1 ≤ lengths[b] ≤ L (clamped
+    to L). Returns (B, Hkv, G, D) in q's dtype. A custom op: torch.compile keeps it opaque (the launch grid needs
+    concrete sizes, and the large buckets compile with a symbolic batch)."""
+    return torch.ops.fishgate.length_attention(q, keys, values, lengths)
+
+
+@torch.library.custom_op("fishgate::length_attention", mutates_args=())
+def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    bsz, kv_heads, group, dim = q.shape
+    length = keys.shape[2]
+    assert keys.stride(-1) == 1 and values.stride(-1) == 1, "keys and values need unit stride in the head dim"
+    assert dim & (dim - 1) == 0 and dim >= 16, "head dim must be a power of two ≥ 16"
+    splits = split_count(bsz, kv_heads, length)
+    split_len = -(-length // splits)
+    split_len = -(-split_len // BLOCK_N) * BLOCK_N  # whole blocks per split
+    group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs 16 rows at least
+    out = torch.empty(bsz, kv_heads, group, dim, dtype=q.dtype, device=q.device)
+    if splits == 1:
+        peak = total = acc = out  # unused: the kernel normalises and writes `out` itself
+    else:
+        peak = torch.empty(bsz, kv_heads, splits, group_pad, dtype=torch.float32, device=q.device)  # running max
+        total = torch.empty_like(peak)  # softmax denominators
+        acc = torch.empty(bsz, kv_heads, splits, group_pad, dim, dtype=torch.float32, device=q.device)
+    _split_kernel[(bsz, kv_heads, splits)](
+        q, keys, values, lengths, out, peak, total, acc,
+        *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *out.stride()[:3],
+        1.0 / math.sqrt(dim), length, split_len,
+        GROUP=group, GROUP_PAD=group_pad, DIM=dim, BLOCK=BLOCK_N, SPLITS=splits,
+        IEEE=q.dtype == torch.float32,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_kernel[(bsz, kv_heads)](
+            peak, total, acc, out, *out.stride()[:3], GROUP=group, GROUP_PAD=group_pad, DIM=dim, SPLITS=splits
+        )
+    return out
+
+
+@_length_attention.register_fake
+def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+if AVAILABLE:
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+        sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_g,
+        scale, length_bucket, split_len,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
+        SPLITS: tl.constexpr, IEEE: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        n_keys = tl.minimum(tl.load(len_ptr + b).to(tl.int32), length_bucket)
+        start = s * split_len
+        end = tl.minimum(start + split_len, n_keys)
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, DIM)
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
+        m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+        l_i = tl.zeros((GROUP_PAD,), tl.float32)
+        acc = tl.zeros((GROUP_PAD, DIM), tl.float32)
+        k_base = k_ptr + b * sk_b + h * sk_h
+        v_base = v_ptr + b * sv_b + h * sv_h
+        for n0 in range(start, end, BLOCK):
+            n = n0 + tl.arange(0, BLOCK)
+            live = n < end
+            k = tl.load(k_base + n[:, None] * sk_n + d[None, :], mask=live[:, None], other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(live[None, :], scores * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + n[:, None] * sv_n + d[None, :], mask=live[:, None], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        if SPLITS == 1:
+            o = acc / l_i[:, None]
+            dest = out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :]
+            tl.store(dest, o.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+        else:
+            at = (b * tl.num_programs(1) + h) * SPLITS + s
+            tl.store(m_ptr + at * GROUP_PAD + g, m_i)
+            tl.store(l_ptr + at * GROUP_PAD + g, l_i)
+            tl.store(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM + d[None, :], acc)
+
+    @triton.jit
+    def _merge_kernel(
+        m_ptr, l_ptr, acc_ptr, out_ptr, so_b, so_h, so_g,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, DIM)
+        first = (b * tl.num_programs(1) + h) * SPLITS
+        m_max = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+        for s in range(SPLITS):
+            m_max = tl.maximum(m_max, tl.load(m_ptr + (first + s) * GROUP_PAD + g))
+        total = tl.zeros((GROUP_PAD,), tl.float32)
+        acc = tl.zeros((GROUP_PAD, DIM), tl.float32)
+        for s in range(SPLITS):
+            at = first + s
+            w = tl.exp(tl.load(m_ptr + at * GROUP_PAD + g) - m_max)  # 0 for a split past the row's length
+            total += w * tl.load(l_ptr + at * GROUP_PAD + g)
+            acc += w[:, None] * tl.load(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM + d[None, :])
+        o = acc / total[:, None]
+        dest = out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :]
+        tl.store(dest, o.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)

@@ -1,0 +1,90 @@
+"""The length-aware decode attention kernel (model.decode_attention) against the masked softmax it replaces, on CPU
+through Triton's interpreter (a subprocess: the interpreter is chosen when the kernels are defined). Skipped where
+Triton is not installed; tests/model/test_gpu.py runs the same checks compiled on CUDA, inside the decode step."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
+
+CHECK = textwrap.dedent(
+    """
+    import torch
+    from model import decode_attention as da
+
+    def reference(q, keys, values, lengths):
+        # the masked softmax of Attention's SDPA path, in fp64
+        q, keys, values = q.double(), keys.double(), values.double()
+        scores = q @ keys.transpose(-1, -2) / q.shape[-1] ** 0.5  # (B, Hkv, G, L)
+        pos = torch.arange(keys.shape[2])
+        scores = scores.masked_fill(pos.view(1, 1, 1, -1) >= lengths.view(-1, 1, 1, 1), float("-inf"))
+        return torch.softmax(scores, -1) @ values
+
+    torch.manual_seed(0)
+    n_layer, slots, kv_heads, max_seq, dim, group = 2, 5, 2, 320, 64, 8
+    cache_k = torch.randn(n_layer, slots, kv_heads, max_seq, dim)
+    cache_v = torch.randn(n_layer, slots, kv_heads, max_seq, dim)
+    for min_programs in (1, 10_000):  # one split per (row, kv head), then as many as the blocks allow
+        da.MIN_PROGRAMS = min_programs
+        for rows, bucket, lengths in [
+            (3, 256, [1, 64, 256]),
+            (4, 256, [65, 200, 129, 3]),
+            (2, 128, [128, 100]),
+        ]:
+            keys, values = cache_k[1, :rows, :, :bucket], cache_v[1, :rows, :, :bucket]  # the engine's strided views
+            q = torch.randn(rows, kv_heads, group, dim)
+            lens = torch.tensor(lengths)
+            got = da.length_attention(q, keys, values, lens)
+            want = reference(q, keys, values, lens)
+            err = (got.double() - want).abs().max().item()
+            splits = da.split_count(rows, kv_heads, bucket)
+            assert got.shape == q.shape and got.dtype == q.dtype
+            assert err < 2e-5, (rows, bucket, lengths, splits, err)
+            print(f"rows {rows} bucket {bucket} splits {splits}: max abs err {err:.1e}")
+    # keys past a row's length are never read: poisoning them changes nothing
+    keys, values = cache_k[0, :2, :, :256].clone(), cache_v[0, :2, :, :256].clone()
+    q, lens = torch.randn(2, kv_heads, group, dim), torch.tensor([70, 130])
+    clean = da.length_attention(q, keys, values, lens)
+    keys[0, :, 70:], values[0, :, 70:] = float("nan"), float("nan")
+    keys[1, :, 130:], values[1, :, 130:] = float("nan"), float("nan")
+    assert torch.equal(da.length_attention(q, keys, values, lens), clean)
+
+    # inside the model: a decode step of three rows at different positions, with and without the kernel
+    import copy
+    from tests.model.test_kv_cache import make_model, random_sequence
+
+    plain = make_model("gqa_fast_project")
+    kernel = copy.deepcopy(plain)
+    kernel.use_length_attention(True)
+    outs = []
+    for model in (plain, kernel):
+        cache = model.make_cache(n_slots=3)
+        ends = []
+        for row, n in enumerate((9, 30, 17)):
+            seq = random_sequence(model, n, seed=row)
+            model.prefill(seq, cache, slot=row)
+            ends.append(n)
+        frames = torch.stack([random_sequence(model, 1, seed=10 + r)[:, 0] for r in range(3)])
+        outs.append(model.decode_slow(frames, cache, torch.tensor(ends), 64))
+    for a, b in zip(*outs):  # logits, then the fast stack's input: fp32 rounding apart (measured ~6e-7)
+        rel = ((a - b).norm() / a.norm()).item()
+        assert rel < 1e-5, rel
+    print("ok")
+    """
+)
+
+
+def test_length_attention_equals_the_masked_softmax_in_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
