@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One device call (~6 minutes; bench/NOTES.md "The next device call, in order (written after run 18)", items 1 and 3):
+# One device call (~7 minutes; bench/NOTES.md "The next device call, in order (written after run 18)", items 1 and 3):
 #   1. GPU tests of the length-aware decode attention kernel (model/decode_attention.py): against SDPA in fp32 and
 #      bf16 at full-size shapes, and the compiled graph step with it against the eager step;
 #   2. the decode step with and without it: `bench.step_variants --variants compiled,compiled_length` at 1, 64, 256
 #      and 384 rows (positions 1,000-1,900, attention bucket 2,048), a kernel profile of each at 384 rows;
-#   3. the engine GPU tests (tests/streaming/test_engine_gpu.py), last run before the eighth session's changes.
+#   3. static prefill passes by rows bucket (`bench.prefill_passes`: rows 1-8 × chunks 64/256 × lengths 1,024/2,048):
+#      whether a pass's time is set by its kernels (flat in rows: a rows bucket of 8 would halve burst prefill);
+#   4. the engine GPU tests (tests/streaming/test_engine_gpu.py), last run before the eighth session's changes.
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_length_attention_gpu.sh
 # Everything lands in $OUT/all.tgz.
 set -u
@@ -20,6 +22,8 @@ grep -E "rel err|passed|failed|Error" $work/gpu_tests.txt | head -20
 timeout 300 python3 -m bench.step_variants --variants compiled,compiled_length --batches 1,64,256,384 \
   --compile-batches 1,64,256,384 --profile-batches 384 --out $work/step.json > $work/step.txt 2>&1
 grep -E "batch [0-9]+:|by family|^ +(variant|compiled)" $work/step.txt | head -30
+timeout 120 python3 -m bench.prefill_passes --out $work/prefill_passes.json > $work/prefill_passes.txt 2>&1
+tail -17 $work/prefill_passes.txt
 timeout 200 python3 -m pytest -q tests/streaming/test_engine_gpu.py -p no:cacheprovider -rf --tb=short \
   > $work/engine_tests.txt 2>&1
 tail -3 $work/engine_tests.txt
