@@ -28,15 +28,24 @@ def prompt_tokens(codebooks: int, codebook_size: int, length: int, seed: int) ->
     return torch.cat([SEMANTIC_BEGIN_ID + codes[:1], codes])
 
 
+def main(argv: list[str] | None = None) -> int:
+    engine_rows = prefill_graphs.PREFILL_ROW_BUCKETS
+    try:
+        measure(argv)
+    finally:  # the engine's buckets again (this module widens them for the measurement)
+        prefill_graphs.PREFILL_ROW_BUCKETS = engine_rows
+    return 0
+
+
 @torch.inference_mode()
-def main() -> None:
+def measure(argv: list[str] | None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--chunks", default="64,256")
     ap.add_argument("--lengths", default="1024,2048")
     ap.add_argument("--tiny", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows_list = [int(x) for x in args.rows.split(",")]
     chunks = [int(x) for x in args.chunks.split(",")]
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -81,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
