@@ -432,7 +432,7 @@ def test_pinned_staging_copies_arrive_whatever_the_caller_does_next() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
-def test_length_attention_kernel_equals_masked_sdpa_at_full_size(dtype: torch.dtype) -> None:
+def test_length_attention_kernel_equals_masked_sdpa_at_full_size(dtype: torch.dtype, monkeypatch) -> None:
     """model.decode_attention's kernel against SDPA with the decode mask, at the slow stack's shapes (2 kv heads, 8
     query heads each, head dim 64) on strided cache views, one split and several: fp32 to rounding (no TF32), bf16
     as close to the fp32 result as SDPA's own bf16 is."""
@@ -441,7 +441,7 @@ def test_length_attention_kernel_equals_masked_sdpa_at_full_size(dtype: torch.dt
     from model import decode_attention
 
     torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # the fp32 reference without TF32
     for rows, bucket in [(1, 2048), (5, 1024), (384, 2048)]:
         cache_k = torch.randn(2, rows + 1, 2, 4096, 64, device="cuda").to(dtype)
         cache_v = torch.randn(2, rows + 1, 2, 4096, 64, device="cuda").to(dtype)
