@@ -64,10 +64,22 @@ def fill_rows(st: DecodeStepper, rows: int, seed: int, greedy_every: int = 4) ->
     st.commit.zero_()
 
 
-def make_stepper(model: DualARTransformer, n_rows: int, **kw: Any) -> DecodeStepper:
-    st = DecodeStepper(model, n_rows, max_seq_len=ATTN_LEN, length_buckets=[ATTN_LEN], **kw)
-    st.cache.k.normal_(0, 0.5)
-    st.cache.v.normal_(0, 0.5)
+def make_stepper(model: DualARTransformer, n_rows: int, cache_len: int = ATTN_LEN, **kw: Any) -> DecodeStepper:
+    """A stepper whose one attention length is its cache's, `cache_len`, filled with random keys and values; the
+    first ATTN_LEN positions hold the same values whatever `cache_len` (so a longer cache's steps are comparable)."""
+    st = DecodeStepper(model, n_rows, max_seq_len=cache_len, length_buckets=[cache_len], **kw)
+    caches = (st.cache.k, st.cache.v)
+    if cache_len == ATTN_LEN:
+        for cache in caches:
+            cache.normal_(0, 0.5)
+        return st
+    # the same draws, in the same order, as the ATTN_LEN caches above; then the positions past them
+    firsts = [torch.empty_like(cache[..., :ATTN_LEN, :], memory_format=torch.contiguous_format) for cache in caches]
+    for first in firsts:
+        first.normal_(0, 0.5)
+    for cache, first in zip(caches, firsts, strict=True):
+        cache[..., :ATTN_LEN, :].copy_(first)
+        cache[..., ATTN_LEN:, :].normal_(0, 0.5)
     return st
 
 

@@ -7,7 +7,9 @@
 5. `compiled_reduce` — `compiled` with the cached attention as fp32 reductions inductor generates at every batch
    (`compiled` does so at batch 1 only, `compiled_sdpa` never)
 6. `compiled_length` — `compiled` with the slow stack's decode attention by model.decode_attention's kernel, which
-   reads each row's keys only up to its position (`--length-attention on`)
+   reads each row's keys only up to its position (`--length-attention on`); `compiled_length_4096` the same with a
+   4,096-position cache as its one attention length, as the engine runs it (same rows, positions and first 2,048
+   positions of keys and values)
 
 Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 3-4), frames against variant
 1 over 4 committed steps from the same state (sampling is chaotic: one flipped near-tie changes every later code, so
@@ -50,6 +52,7 @@ class Variant:
     reduction_attention: bool = False  # the slow and fast stacks' cached attention as inductor reductions
     decode_attention: str = "auto"  # otherwise: the model's rule (reductions at batch 1), or "sdpa"
     length_attention: bool = False  # the slow stack's decode attention by model.decode_attention's kernel
+    cache_len: int = ATTN_LEN  # the stepper's cache and so its one attention length (the same rows and positions)
 
 
 VARIANTS = {
@@ -61,6 +64,8 @@ VARIANTS = {
     "compiled_reduce": Variant(compiled=True, reduction_attention=True),
     "compiled_autotune": Variant(compiled=True, mode="max-autotune-no-cudagraphs"),  # minutes of autotuning per shape
     "compiled_length": Variant(compiled=True, length_attention=True),  # `compiled` + the length-aware attention kernel
+    # the same over a 4,096-position cache: the engine's one decode length with the kernel on (positions unchanged)
+    "compiled_length_4096": Variant(compiled=True, length_attention=True, cache_len=4096),
 }
 
 
@@ -76,11 +81,14 @@ def apply(model: DualARTransformer, v: Variant) -> None:
         compiled_regions.reset(v.mode)
 
 
-def new_stepper(model: DualARTransformer, rows: int, compile_backend: str | None, compile_max: int) -> DecodeStepper:
+def new_stepper(
+    model: DualARTransformer, rows: int, compile_backend: str | None, compile_max: int, cache_len: int = ATTN_LEN
+) -> DecodeStepper:
     torch.manual_seed(0)  # the same random KV cache for every variant
     return make_stepper(
-        model, rows, use_cuda_graphs=True, compile_backend=compile_backend, compile_max_batch=compile_max or None
-    )
+        model, rows, cache_len, use_cuda_graphs=True, compile_backend=compile_backend,
+        compile_max_batch=compile_max or None,
+    )  # fmt: skip
 
 
 @torch.inference_mode()
@@ -105,7 +113,8 @@ def measure(
 ) -> dict[str, Any]:
     backend = "inductor" if VARIANTS[name].compiled else None
     todo = [b for b in batches if backend is None or b in compile_batches]
-    st = new_stepper(model, max(batches), backend, max(compile_batches, default=0))
+    length = VARIANTS[name].cache_len
+    st = new_stepper(model, max(batches), backend, max(compile_batches, default=0), length)
     out: dict[str, Any] = {"variant": name, "batches": []}
     for b in todo:
         if time.perf_counter() > deadline:
@@ -113,7 +122,7 @@ def measure(
             break
         fill_rows(st, b, seed=b)
         t0 = time.perf_counter()
-        graph = st.capture(b, ATTN_LEN)
+        graph = st.capture(b, length)
         r: dict[str, Any] = {"batch": b, "capture_s": time.perf_counter() - t0}
         r["graph_ms"] = event_ms(graph.replay, iters=30)
         r["step_call_ms"] = wall_ms(lambda b=b: st.step(b, int(st.pos[:b].max())), "cuda", iters=20, warmup=2)
@@ -124,9 +133,9 @@ def measure(
         print(f"{name} batch {b}: {r['graph_ms']:.3f} ms (capture {r['capture_s']:.1f} s), "
               f"codes equal {r['vs_eager']['codes_equal']:.3f}", flush=True)  # fmt: skip
     for b in profile_batches:  # where a batch's graph spends its kernel time (run 12: 8.93 ms at 256 rows against
-        if b in todo and (b, ATTN_LEN) in st._graphs:  # the plain yardstick's 5.79, never profiled)
+        if b in todo and (b, length) in st._graphs:  # the plain yardstick's 5.79, never profiled)
             fill_rows(st, b, seed=b)
-            out[f"profile_b{b}"] = kernel_profile(st._graphs[(b, ATTN_LEN)].replay, top=20)
+            out[f"profile_b{b}"] = kernel_profile(st._graphs[(b, length)].replay, top=20)
     out["failed_regions"] = compiled_regions.failed_regions()
     return out
 

@@ -67,6 +67,11 @@ def decode_batch_buckets(limit: int) -> list[int]:
     return half_step_buckets(limit, HALF_STEP_BUCKETS_FROM)
 
 
+def _length_grid(buckets: Sequence[int] | None, full: int) -> list[int]:
+    """Attention-length buckets capped at the cache length `full`, which is always one of them."""
+    return sorted({min(b, full) for b in (buckets or [full])} | {full})
+
+
 def capturable_buckets(missing: list[tuple[int, int]], row_positions: Sequence[int]) -> list[tuple[int, int]]:
     """The (batch, length) buckets of `missing` whose step over rows [0, batch) stays inside the attention length:
     every one of those rows' positions is below it."""
@@ -86,6 +91,7 @@ class DecodeStepper:
         max_seq_len: int | None = None,
         use_cuda_graphs: bool = False,
         length_buckets: list[int] | None = None,
+        prefill_length_buckets: list[int] | None = None,
         max_batch: int | None = None,
         fixed_batch: bool = False,
         first_frame_scratch_row: int | None = None,
@@ -109,7 +115,10 @@ class DecodeStepper:
         bucket where graphs are on (eager, ~1,500 kernels a call, it cost tens of ms a request on the H200).
         `prefill_scratch_row`: likewise for prefill (see model.prefill_graphs): given, `prefill` and `prefill_many`
         run through buffers padded to (rows, chunk, attention length) buckets where the prompts fit one, one graph
-        per bucket captured on first use or in idle time; prompts that fit none run the plain eager pass."""
+        per bucket captured on first use or in idle time; prompts that fit none run the plain eager pass.
+        `prefill_length_buckets`: those passes' attention lengths (default: `length_buckets`). A model whose decode
+        attention stops at each row's length (`use_length_attention`) needs one decode length only, the full cache,
+        while prefill still attends over a bucket through SDPA."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -118,7 +127,10 @@ class DecodeStepper:
         self.fast_cache = model.make_fast_cache(n_rows)
         # batch-invariant runs attend over one fixed length; otherwise the smallest bucket covering all rows
         full = self.cache.max_seq_len
-        self.length_buckets = sorted({min(b, full) for b in (length_buckets or [full])} | {full})
+        self.length_buckets = _length_grid(length_buckets, full)
+        self.prefill_length_buckets = (
+            self.length_buckets if prefill_length_buckets is None else _length_grid(prefill_length_buckets, full)
+        )
         # decode batches cover rows [0, bucket); rows past max_batch (e.g. cached voice prefixes) never decode
         self.batch_buckets = [max_batch or n_rows] if fixed_batch else decode_batch_buckets(max_batch or n_rows)
         device = model.embeddings.weight.device
@@ -161,7 +173,7 @@ class DecodeStepper:
         self._ff_out = zeros(most, width)
         self.static_prefill = (
             StaticPrefill(
-                model, self.cache, prefill_scratch_row, self.length_buckets,
+                model, self.cache, prefill_scratch_row, self.prefill_length_buckets,
                 record=self._record if self.use_cuda_graphs else None,
             )
             if prefill_scratch_row is not None

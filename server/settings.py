@@ -69,8 +69,9 @@ class Settings:
         default="off",
         metadata={"help": "on | off: the slow stack's decode attention through a Triton kernel that reads each "
                   "stream's keys only up to its position, instead of SDPA over the whole context bucket (H200 run 18: "
-                  "attention was 5.2 of a 12.1 ms step at 384 rows, at ~40 %% of the bandwidth its bytes need). CUDA "
-                  "only; not measured on a GPU yet, so off by default"},
+                  "attention was 5.2 of a 12.1 ms step at 384 rows, at ~40 %% of the bandwidth its bytes need). The step then "
+                  "needs one context bucket instead of four, so a quarter of the decode graphs to capture at start-up. "
+                  "CUDA only; not measured on a GPU yet, so off by default"},
     )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,

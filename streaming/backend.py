@@ -105,7 +105,8 @@ class BackendConfig:
     # compile 16 → 66 s on an empty cache (per attention-length bucket used at batch 1), cached after
     tune_single_row: bool = True
     # the slow stack's decode attention through model.decode_attention's length-aware kernel (CUDA and Triton only;
-    # not batch-invariant engines). Not measured on a GPU yet: off
+    # not batch-invariant engines); the step then has one attention length (the cache's), so a quarter of the decode
+    # graphs, while prefill keeps GPU_LENGTH_BUCKETS. Not measured on a GPU yet: off
     length_attention: bool = False
     # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
     # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
@@ -223,7 +224,10 @@ class Backend:
             max_batch=self.session_rows,
             max_seq_len=config.max_seq_len,
             use_cuda_graphs=config.cuda_graphs,
-            length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
+            # a decode step through the length-aware kernel reads each row's keys up to its own position whatever the
+            # bucket, so one length (the cache's) serves every position: 4x fewer decode graphs to capture at start-up
+            length_buckets=None if invariant or config.length_attention else list(GPU_LENGTH_BUCKETS),
+            prefill_length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
             prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,

@@ -181,6 +181,19 @@ def test_a_position_equal_to_a_length_bucket_needs_the_next_bucket() -> None:
     assert [stepper.bucket_for(1, p)[1] for p in (0, 63, 64, 127, 128)] == [64, 64, 128, 128, 256]
 
 
+def test_prefill_keeps_its_length_buckets_when_decode_has_one() -> None:
+    """With the length-aware decode attention the engine gives the step one length (the cache's) while prefill
+    passes keep their buckets: SDPA there reads the whole bucket, so a short prompt should not pay for the cache."""
+    stepper = DecodeStepper(
+        make_model("gqa_fast_project"), n_rows=4, max_seq_len=256, prefill_length_buckets=[64, 128],
+        prefill_scratch_row=3,
+    )  # fmt: skip
+    assert stepper.length_buckets == [256] and [stepper.bucket_for(1, p)[1] for p in (0, 63, 200)] == [256] * 3
+    assert stepper.static_prefill is not None and stepper.static_prefill.length_buckets == [64, 128, 256]
+    both = DecodeStepper(make_model("gqa_fast_project"), n_rows=4, max_seq_len=256, length_buckets=[64, 128])
+    assert both.prefill_length_buckets == both.length_buckets == [64, 128, 256]
+
+
 def test_first_frames_sampled_together_equal_one_at_a_time() -> None:
     """start_segments draws each row's first frame exactly as start_segment would (batch-invariant layers, per-row
     parameters and noise), and leaves each row ready to decode."""

@@ -82,6 +82,35 @@ def test_engine_with_compiled_step_regions_streams_on_cuda() -> None:
     assert compiled_regions.failed_regions() == []
 
 
+def test_length_attention_engine_decodes_at_one_length_and_streams() -> None:
+    """--length-attention on: one decode length bucket (the whole cache) so a quarter of the decode graphs, prefill
+    keeping its buckets; two sessions stream whole utterances, and a seeded stream's codes match the SDPA engine's
+    for most frames (kernels differ in rounding; reported)."""
+
+    def kernel_backend(config):
+        return Backend(dataclasses.replace(config, length_attention=True))
+
+    async def run(factory):
+        with running_engine(max_sessions=4, backend_factory=factory) as engine:
+            b = engine._worker.b
+            sessions = [
+                engine.open_session(Voice(), SynthesisSettings(seed=5 + i, max_new_tokens=40)) for i in range(2)
+            ]
+            outs = await asyncio.gather(*(speak(s, *TEXTS) for s in sessions))
+            return b.stepper.length_buckets, b.stepper.prefill_length_buckets, len(b.stepper._graphs), outs
+
+    kernel_lengths, prefill_lengths, kernel_graphs, kernel_outs = asyncio.run(run(kernel_backend))
+    plain_lengths, _, plain_graphs, plain_outs = asyncio.run(run(Backend))
+    assert len(kernel_lengths) == 1 and len(plain_lengths) > 1 and prefill_lengths == plain_lengths
+    assert kernel_graphs * len(plain_lengths) == plain_graphs
+    for out in kernel_outs:
+        assert out.done is not None and len(out.pcm) == out.codes.shape[1] * 2048 > 0
+    a, b = kernel_outs[0].codes, plain_outs[0].codes
+    n = min(a.shape[1], b.shape[1])
+    agree = int((a[:, :n] == b[:, :n]).all(0).cumprod(0).sum())
+    print(f"length attention vs SDPA, seeded stream: first {agree} of {n} frames identical")
+
+
 def test_batch_invariant_mode_on_gpu_solo_vs_loaded() -> None:
     """Issue: on the GPU, kernels chosen by batch size change rounding. In batch-invariant mode (row-wise matmuls,
     plain attention over one fixed length) a seeded stream should be identical alone and under load."""
