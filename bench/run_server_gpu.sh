@@ -107,7 +107,7 @@ if [ -n "${WARM_RESTART:-}" ]; then
   cp /tmp/ttfa_warm/ttfa.json "$OUT/ttfa_warm_1.json" 2>/dev/null
   [ -n "${WARM_LEVELS:-}" ] && wait_for_graphs
   PROFILE_LEVEL=none TAG=warm_
-  for level in ${WARM_LEVELS:-}; do echo "(warm server: $WARM_SERVE_ARGS)" >> "$OUT/turns.txt"; run_level $level; done
+  for level in ${WARM_LEVELS:-}; do echo "(warm server: ${WARM_SERVE_ARGS:-})" >> "$OUT/turns.txt"; run_level $level; done
   kill -TERM $SERVER; wait $SERVER
   grep -E "engine ready|ERROR|CRITICAL" "$OUT/server_warm.log" | head -20
 fi

@@ -14,7 +14,9 @@ Segment-first frames and (optionally) prefill passes also run through static buf
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -160,6 +162,9 @@ class DecodeStepper:
         # captured (decode, first frames, prefill; at start-up, in idle time or on first use) and prompt passes that
         # fit no static prefill bucket and ran eagerly (~3,000 kernel launches, ~0.1 s on the H200)
         self.graphs_recorded = 0
+        # seconds spent capturing (compiles included) by kind of graph: decode_static, decode_symbolic (compiled with
+        # a symbolic batch), decode_eager (not compiled), first_frames; start-up's capture phase split (/metrics)
+        self.capture_seconds: dict[str, float] = collections.defaultdict(float)
         self.eager_prefills = 0
         self._pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self.first_frame_scratch_row = first_frame_scratch_row
@@ -283,7 +288,9 @@ class DecodeStepper:
         assert self.first_frame_scratch_row is not None
         rows = self._ff_rows[:bucket].clone()
         self._ff_rows[:bucket].fill_(self.first_frame_scratch_row)
+        t0 = time.perf_counter()
         graph = self._record(lambda: self._run_first_frames(bucket))
+        self.capture_seconds["first_frames"] += time.perf_counter() - t0
         self._ff_rows[:bucket].copy_(rows)
         self._first_graphs[bucket] = graph
         return graph
@@ -372,6 +379,12 @@ class DecodeStepper:
             self._compile_backend_for(rows), tuned=self.tune_single_row and rows == 1, symbolic_batch=symbolic
         )
 
+    def _capture_kind(self, rows: int) -> str:
+        if self._compile_backend_for(rows) is None:
+            return "decode_eager"
+        above = self.symbolic_batch_above
+        return "decode_symbolic" if above is not None and rows > max(above, 1) else "decode_static"
+
     def _run_step(self, rows: int, attn_len: int) -> None:
         """The step for one bucket: its regions compiled where asked for, else eager PyTorch."""
         with self._compiled_for(rows):
@@ -411,7 +424,9 @@ class DecodeStepper:
         saved = [t.clone() for t in self._row_tensors()]
         commit = self.commit.clone()
         self.commit.zero_()  # warm-up and capture runs must not advance anything
+        t0 = time.perf_counter()
         graph = self._record(lambda: self._run_step(bucket, attn_len))
+        self.capture_seconds[self._capture_kind(bucket)] += time.perf_counter() - t0
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)

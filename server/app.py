@@ -134,7 +134,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 vocoder_channels_last=settings.vocoder_channels_last in ("on", "tuned"),
                 vocoder_autotune=settings.vocoder_channels_last == "tuned",
                 tune_single_row=settings.compile_tune_single_row == "on",
-                length_attention=settings.length_attention == "on",
+                length_attention={"on": True, "off": False}.get(settings.length_attention),
                 compile_symbolic_batch_above=settings.compile_symbolic_batch_above,
                 compile_cache_dir=settings.resolved_compile_cache_dir,
             ),

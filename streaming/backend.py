@@ -106,8 +106,9 @@ class BackendConfig:
     tune_single_row: bool = True
     # the slow stack's decode attention through model.decode_attention's length-aware kernel (CUDA and Triton only;
     # not batch-invariant engines); the step then has one attention length (the cache's), so a quarter of the decode
-    # graphs, while prefill keeps GPU_LENGTH_BUCKETS. Not measured on a GPU yet: off
-    length_attention: bool = False
+    # graphs, while prefill keeps GPU_LENGTH_BUCKETS. None = on for CUDA-graph engines where the kernel runs, unless
+    # batch-invariant (H200 run 19: step at 384 rows 12.1 -> 9.3 ms, 256 rows 9.0 -> 7.3; docs/BENCHMARKS.md)
+    length_attention: bool | None = None
     # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
     # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
     # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
@@ -176,12 +177,14 @@ class Backend:
         invariant = self.device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
         self.model.set_batch_invariant(invariant)
         self.batch_invariant = invariant
-        if config.length_attention:
-            if invariant or self.device.type != "cuda" or not decode_attention.supported(self.device):
-                raise ValueError(
-                    "--length-attention on needs a CUDA GPU with Triton and no batch-invariant mode; turn it off"
-                )
-            self.model.use_length_attention(True)
+        kernel_runs = not invariant and self.device.type == "cuda" and decode_attention.supported(self.device)
+        if config.length_attention and not kernel_runs:
+            raise ValueError(
+                "--length-attention on needs a CUDA GPU with Triton and no batch-invariant mode; use auto or off"
+            )
+        auto = config.length_attention is None and config.cuda_graphs
+        self.length_attention = kernel_runs and bool(config.length_attention or auto)
+        self.model.use_length_attention(self.length_attention)
         # the codec decodes in fp32 on CPU and bf16 on GPU; the encoder (references) always runs fp32
         self.codec = load_codec(folder, device=self.device, dtype=dtype, with_encoder=False)
         self._encoder_folder = folder
@@ -226,7 +229,7 @@ class Backend:
             use_cuda_graphs=config.cuda_graphs,
             # a decode step through the length-aware kernel reads each row's keys up to its own position whatever the
             # bucket, so one length (the cache's) serves every position: 4x fewer decode graphs to capture at start-up
-            length_buckets=None if invariant or config.length_attention else list(GPU_LENGTH_BUCKETS),
+            length_buckets=None if invariant or self.length_attention else list(GPU_LENGTH_BUCKETS),
             prefill_length_buckets=None if invariant else list(GPU_LENGTH_BUCKETS),
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
@@ -451,6 +454,8 @@ class Backend:
         t0 = time.perf_counter()
         n = self.stepper.capture_all(self.config.graphs_up_front)
         self.timings_s["capture_graphs"] = time.perf_counter() - t0
+        for kind, seconds in self.stepper.capture_seconds.items():  # its parts (model.stepper capture_seconds)
+            self.timings_s[f"capture_{kind}"] = seconds
         return n
 
     def capture_idle_graph(self, row_positions: Sequence[int]) -> bool:

@@ -317,9 +317,10 @@ class Engine:
             "admission_waiting": self.admission_waiting,  # sessions waiting in admit() for the capacity to grow
             # graphs still to be captured in idle time; until 0, a burst may pay captures inside its turns
             "graphs_missing": w.b.graphs_missing,
-            # start-up by phase (load_weights, capture_graphs — decode graphs and their compiles —, warm_up — the
-            # one-row vocoder and prefill graphs —, gc_freeze, total): the "engine ready" log line's figures, here
-            # too because benchmarks run the server at --log-level warning
+            # start-up by phase (load_weights, capture_graphs — decode graphs and their compiles, split into
+            # capture_decode_static/_symbolic/_eager and capture_first_frames on a GPU —, warm_up — the one-row
+            # vocoder and prefill graphs —, gc_freeze, total): the "engine ready" log line's figures, here too
+            # because benchmarks run the server at --log-level warning
             **{f"startup_{phase}_seconds": round(sec, 3) for phase, sec in self.timings_s.items()},
         }
 

@@ -173,9 +173,9 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--compile-tune-single-row", "off"]).compile_tune_single_row == "off"
     with pytest.raises(SystemExit, match="--compile-tune-single-row must be on or off"):
         parse_settings(["--compile-tune-single-row", "no"])
-    assert parse_settings([]).length_attention == "off"
+    assert parse_settings([]).length_attention == "auto"
     assert parse_settings(["--length-attention", "on"]).length_attention == "on"
-    with pytest.raises(SystemExit, match="--length-attention must be on or off"):
+    with pytest.raises(SystemExit, match="--length-attention must be auto, on or off"):
         parse_settings(["--length-attention", "yes"])
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):

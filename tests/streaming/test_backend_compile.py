@@ -30,8 +30,10 @@ def test_compile_vocoder_is_for_cuda_graph_vocoders_only() -> None:
 
 def test_length_attention_is_refused_where_its_kernel_cannot_run() -> None:
     """The length-aware decode attention is a CUDA kernel: on CPU the backend refuses it at start-up, naming the fix,
-    and by default no layer uses it."""
-    backend = Backend(BackendConfig(max_sessions=2))
-    assert not any(m.length_attention for m in backend.model.modules() if isinstance(m, Attention))
-    with pytest.raises(ValueError, match=r"--length-attention on needs a CUDA GPU.*turn it off"):
+    and by default (auto) no layer uses it there, nor with it off."""
+    for choice in (None, False):
+        backend = Backend(BackendConfig(max_sessions=2, length_attention=choice))
+        assert backend.length_attention is False
+        assert not any(m.length_attention for m in backend.model.modules() if isinstance(m, Attention))
+    with pytest.raises(ValueError, match=r"--length-attention on needs a CUDA GPU.*use auto or off"):
         Backend(BackendConfig(max_sessions=2, length_attention=True))

@@ -83,12 +83,15 @@ def test_engine_with_compiled_step_regions_streams_on_cuda() -> None:
 
 
 def test_length_attention_engine_decodes_at_one_length_and_streams() -> None:
-    """--length-attention on: one decode length bucket (the whole cache) so a quarter of the decode graphs, prefill
+    """--length-attention on (auto's choice on a GPU): one decode length bucket (the whole cache) so a quarter of the decode graphs, prefill
     keeping its buckets; two sessions stream whole utterances, and a seeded stream's codes match the SDPA engine's
     for most frames (kernels differ in rounding; reported)."""
 
     def kernel_backend(config):
         return Backend(dataclasses.replace(config, length_attention=True))
+
+    def sdpa_backend(config):
+        return Backend(dataclasses.replace(config, length_attention=False))
 
     async def run(factory):
         with running_engine(max_sessions=4, backend_factory=factory) as engine:
@@ -97,10 +100,13 @@ def test_length_attention_engine_decodes_at_one_length_and_streams() -> None:
                 engine.open_session(Voice(), SynthesisSettings(seed=5 + i, max_new_tokens=40)) for i in range(2)
             ]
             outs = await asyncio.gather(*(speak(s, *TEXTS) for s in sessions))
+            parts = sum(v for k, v in b.timings_s.items() if k.startswith("capture_") and k != "capture_graphs")
+            assert {"capture_decode_static", "capture_first_frames"} <= set(b.timings_s)  # start-up's capture split
+            assert 0 < parts <= b.timings_s["capture_graphs"]
             return b.stepper.length_buckets, b.stepper.prefill_length_buckets, len(b.stepper._graphs), outs
 
     kernel_lengths, prefill_lengths, kernel_graphs, kernel_outs = asyncio.run(run(kernel_backend))
-    plain_lengths, _, plain_graphs, plain_outs = asyncio.run(run(Backend))
+    plain_lengths, _, plain_graphs, plain_outs = asyncio.run(run(sdpa_backend))
     assert len(kernel_lengths) == 1 and len(plain_lengths) > 1 and prefill_lengths == plain_lengths
     assert kernel_graphs * len(plain_lengths) == plain_graphs
     for out in kernel_outs:
