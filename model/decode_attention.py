@@ -64,7 +64,7 @@ def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     bsz, kv_heads, group, dim = q.shape
     length = keys.shape[2]
     assert keys.stride(-1) == 1 and values.stride(-1) == 1, "keys and values need unit stride in the head dim"
-    assert dim & (dim - 1) == 0 and dim >= 16, "head dim must be a power of two ≥ 16"
+    dim_pad = max(16, triton.next_power_of_2(dim))  # tl.dot and tl.arange need a power of two ≥ 16: masked lanes
     splits = split_count(bsz, kv_heads, length)
     split_len = -(-length // splits)
     split_len = -(-split_len // BLOCK_N) * BLOCK_N  # whole blocks per split
@@ -75,18 +75,19 @@ def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     else:
         peak = torch.empty(bsz, kv_heads, splits, group_pad, dtype=torch.float32, device=q.device)  # running max
         total = torch.empty_like(peak)  # softmax denominators
-        acc = torch.empty(bsz, kv_heads, splits, group_pad, dim, dtype=torch.float32, device=q.device)
+        acc = torch.empty(bsz, kv_heads, splits, group_pad, dim_pad, dtype=torch.float32, device=q.device)
     _split_kernel[(bsz, kv_heads, splits)](
         q, keys, values, lengths, out, peak, total, acc,
         *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *out.stride()[:3],
         1.0 / math.sqrt(dim), length, split_len,
-        GROUP=group, GROUP_PAD=group_pad, DIM=dim, BLOCK=BLOCK_N, SPLITS=splits,
+        GROUP=group, GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, BLOCK=BLOCK_N, SPLITS=splits,
         IEEE=q.dtype == torch.float32,
     )  # fmt: skip
     if splits > 1:
         _merge_kernel[(bsz, kv_heads)](
-            peak, total, acc, out, *out.stride()[:3], GROUP=group, GROUP_PAD=group_pad, DIM=dim, SPLITS=splits
-        )
+            peak, total, acc, out, *out.stride()[:3],
+            GROUP=group, GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, SPLITS=splits,
+        )  # fmt: skip
     return out
 
 
@@ -102,8 +103,8 @@ if AVAILABLE:
         q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
         sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_g,
         scale, length_bucket, split_len,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
-        SPLITS: tl.constexpr, IEEE: tl.constexpr,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -112,17 +113,19 @@ if AVAILABLE:
         start = s * split_len
         end = tl.minimum(start + split_len, n_keys)
         g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, DIM)
-        q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
+        d = tl.arange(0, DIM_PAD)
+        in_dim = d[None, :] < DIM  # padding lanes of the head dim: loaded as 0, never stored
+        q_mask = (g[:, None] < GROUP) & in_dim
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=q_mask, other=0.0)
         m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
         l_i = tl.zeros((GROUP_PAD,), tl.float32)
-        acc = tl.zeros((GROUP_PAD, DIM), tl.float32)
+        acc = tl.zeros((GROUP_PAD, DIM_PAD), tl.float32)
         k_base = k_ptr + b * sk_b + h * sk_h
         v_base = v_ptr + b * sv_b + h * sv_h
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             live = n < end
-            k = tl.load(k_base + n[:, None] * sk_n + d[None, :], mask=live[:, None], other=0.0)
+            k = tl.load(k_base + n[:, None] * sk_n + d[None, :], mask=live[:, None] & in_dim, other=0.0)
             if IEEE:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -132,7 +135,7 @@ if AVAILABLE:
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + n[:, None] * sv_n + d[None, :], mask=live[:, None], other=0.0)
+            v = tl.load(v_base + n[:, None] * sv_n + d[None, :], mask=live[:, None] & in_dim, other=0.0)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             else:
@@ -141,33 +144,34 @@ if AVAILABLE:
         if SPLITS == 1:
             o = acc / l_i[:, None]
             dest = out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :]
-            tl.store(dest, o.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+            tl.store(dest, o.to(out_ptr.dtype.element_ty), mask=q_mask)
         else:
             at = (b * tl.num_programs(1) + h) * SPLITS + s
             tl.store(m_ptr + at * GROUP_PAD + g, m_i)
             tl.store(l_ptr + at * GROUP_PAD + g, l_i)
-            tl.store(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM + d[None, :], acc)
+            tl.store(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM_PAD + d[None, :], acc)
 
     @triton.jit
     def _merge_kernel(
         m_ptr, l_ptr, acc_ptr, out_ptr, so_b, so_h, so_g,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, SPLITS: tl.constexpr,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+        SPLITS: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, DIM)
+        d = tl.arange(0, DIM_PAD)
         first = (b * tl.num_programs(1) + h) * SPLITS
         m_max = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
         for s in range(SPLITS):
             m_max = tl.maximum(m_max, tl.load(m_ptr + (first + s) * GROUP_PAD + g))
         total = tl.zeros((GROUP_PAD,), tl.float32)
-        acc = tl.zeros((GROUP_PAD, DIM), tl.float32)
+        acc = tl.zeros((GROUP_PAD, DIM_PAD), tl.float32)
         for s in range(SPLITS):
             at = first + s
             w = tl.exp(tl.load(m_ptr + at * GROUP_PAD + g) - m_max)  # 0 for a split past the row's length
             total += w * tl.load(l_ptr + at * GROUP_PAD + g)
-            acc += w[:, None] * tl.load(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM + d[None, :])
+            acc += w[:, None] * tl.load(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM_PAD + d[None, :])
         o = acc / total[:, None]
         dest = out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :]
-        tl.store(dest, o.to(out_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+        tl.store(dest, o.to(out_ptr.dtype.element_ty), mask=(g[:, None] < GROUP) & (d[None, :] < DIM))
