@@ -73,7 +73,7 @@ LIBRARY_FAMILIES = (
     ("sort", ("radixsort", "sort")),
     ("scan (top-p cumsum)", ("devicescan", "scan")),
     ("gemm", ("nvjet", "gemm", "cutlass", "splitk", "xmma", "cublas")),
-    ("attention", ("fmha", "flash", "cudnn")),
+    ("attention", ("fmha", "flash", "cudnn", "length_attention")),  # the last: model.decode_attention's kernels
     ("gather/scatter/index", ("scatter", "gather", "index")),
     ("copy", ("memcpy", "memset")),
 )

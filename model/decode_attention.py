@@ -10,9 +10,11 @@ kernel merges the splits when there are several (few rows: more programs than ro
 
 Numerics: scores, softmax and the weighted sum accumulate in fp32; the probabilities are rounded to the values'
 dtype before their product with V (as flash attention does), so results match SDPA to rounding, not bitwise. fp32
-inputs use IEEE fp32 dot products (no TF32). Off by default (`DualARTransformer.use_length_attention`); tested
-against the masked softmax on CPU through Triton's interpreter and on CUDA (tests/model/test_decode_attention.py,
-tests/model/test_gpu.py).
+inputs use IEEE fp32 dot products (no TF32). Any head dim (padded to a power of two ≥ 16 with masked lanes).
+Tested against the masked softmax on CPU through Triton's interpreter and on CUDA (tests/model/test_decode_attention.py,
+tests/model/test_gpu.py). The engine uses it on CUDA by default (`--length-attention auto`,
+`DualARTransformer.use_length_attention`): H200 run 19, the slow stack's attention at 384 rows 5.2 → 1.8 ms, the
+step 12.1 → 9.3 ms; and since it stops at each row's length, the step needs one attention length, the cache's.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         peak = torch.empty(bsz, kv_heads, splits, group_pad, dtype=torch.float32, device=q.device)  # running max
         total = torch.empty_like(peak)  # softmax denominators
         acc = torch.empty(bsz, kv_heads, splits, group_pad, dim_pad, dtype=torch.float32, device=q.device)
-    _split_kernel[(bsz, kv_heads, splits)](
+    _length_attention_split[(bsz, kv_heads, splits)](
         q, keys, values, lengths, out, peak, total, acc,
         *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *out.stride()[:3],
         1.0 / math.sqrt(dim), length, split_len,
@@ -84,8 +86,8 @@ def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         IEEE=q.dtype == torch.float32,
     )  # fmt: skip
     if splits > 1:
-        _merge_kernel[(bsz, kv_heads)](
-            peak, total, acc, out, *out.stride()[:3],
+        _length_attention_merge[(bsz, kv_heads)](
+            peak, total, acc, out, lengths, *out.stride()[:3], length, split_len,
             GROUP=group, GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, SPLITS=splits,
         )  # fmt: skip
     return out
@@ -99,7 +101,7 @@ def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.
 if AVAILABLE:
 
     @triton.jit
-    def _split_kernel(
+    def _length_attention_split(
         q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
         sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_g,
         scale, length_bucket, split_len,
@@ -152,8 +154,8 @@ if AVAILABLE:
             tl.store(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM_PAD + d[None, :], acc)
 
     @triton.jit
-    def _merge_kernel(
-        m_ptr, l_ptr, acc_ptr, out_ptr, so_b, so_h, so_g,
+    def _length_attention_merge(
+        m_ptr, l_ptr, acc_ptr, out_ptr, len_ptr, so_b, so_h, so_g, length_bucket, split_len,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         SPLITS: tl.constexpr,
     ):  # fmt: skip
@@ -162,14 +164,18 @@ if AVAILABLE:
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, DIM_PAD)
         first = (b * tl.num_programs(1) + h) * SPLITS
+        # only the splits that hold keys of this row: one past them holds m = -inf, l = 0, acc = 0 and would add
+        # exactly 0, so skipping it changes no bit, and a short row in a long bucket merges few splits
+        n_keys = tl.minimum(tl.load(len_ptr + b).to(tl.int32), length_bucket)
+        live = tl.cdiv(n_keys, split_len)
         m_max = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-        for s in range(SPLITS):
+        for s in range(live):
             m_max = tl.maximum(m_max, tl.load(m_ptr + (first + s) * GROUP_PAD + g))
         total = tl.zeros((GROUP_PAD,), tl.float32)
         acc = tl.zeros((GROUP_PAD, DIM_PAD), tl.float32)
-        for s in range(SPLITS):
+        for s in range(live):
             at = first + s
-            w = tl.exp(tl.load(m_ptr + at * GROUP_PAD + g) - m_max)  # 0 for a split past the row's length
+            w = tl.exp(tl.load(m_ptr + at * GROUP_PAD + g) - m_max)
             total += w * tl.load(l_ptr + at * GROUP_PAD + g)
             acc += w[:, None] * tl.load(acc_ptr + (at * GROUP_PAD + g[:, None]) * DIM_PAD + d[None, :])
         o = acc / total[:, None]

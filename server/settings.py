@@ -70,8 +70,8 @@ class Settings:
         metadata={"help": "auto | on | off: the slow stack's decode attention through a Triton kernel that reads each "
                   "stream's keys only up to its position, instead of SDPA over the whole context bucket; the step then "
                   "runs at one context length, so a quarter of the decode graphs to capture at start-up (H200 run 19: "
-                  "step at 384 rows 12.1 -> 9.3 ms; 300 streams' p95 first audio 323-1,370 -> 248 ms). auto = on for "
-                  "a CUDA GPU with Triton unless batch-invariant; on refuses to start elsewhere"},
+                  "step at 384 rows 12.1 -> 9.3 ms; 300 streams' p95 first audio 323-1,370 -> 235-403 ms). auto = "
+                  "on for a CUDA GPU with Triton unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,

@@ -23,6 +23,8 @@ from bench.profile_step import kernel_family
         ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16", "gemm"),
         ("void at::native::_scatter_gather_elementwise_kernel<128, 8, at::native::_cuda_scatter_gath", "gather/scatter/index"),
         ("Memcpy DtoD (Device -> Device)", "copy"),
+        ("_length_attention_split", "attention"),  # model.decode_attention's Triton kernels (not inductor's)
+        ("_length_attention_merge", "attention"),
         ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>", "other"),
     ],
 )  # fmt: skip
