@@ -23,8 +23,9 @@ import torch
 from .dual_ar import DualARTransformer, right_pad
 from .kv_cache import KVCache
 
-# prompts per pass (a call with more rows runs several passes) and tokens per prompt per pass; the worker writes
-# prompts in chunks of at most the largest chunk bucket (streaming.worker.WorkerLimits.prefill_chunk_tokens)
+# prompts per pass (a call with more rows runs several passes; the default: StaticPrefill's row_buckets) and tokens
+# per prompt per pass; the worker writes prompts in chunks of at most the largest chunk bucket
+# (streaming.worker.WorkerLimits.prefill_chunk_tokens)
 PREFILL_ROW_BUCKETS = (1, 2, 4)
 PREFILL_CHUNK_BUCKETS = (64, 128, 256)
 
@@ -41,9 +42,12 @@ class StaticPrefill:
         scratch_row: int,
         length_buckets: Sequence[int],
         record: Recorder | None = None,
+        row_buckets: Sequence[int] = PREFILL_ROW_BUCKETS,
     ) -> None:
         """`length_buckets`: attention lengths (the decode stepper's; the largest no more than the cache's).
-        `record`: capture passes as CUDA graphs through it; None runs them eagerly."""
+        `record`: capture passes as CUDA graphs through it; None runs them eagerly. `row_buckets`: prompts per pass
+        (H200 run 19: a pass of 8 short prompts 4.66 ms against 3.86 ms for 4, so 0.58 against 0.96 ms a prompt)."""
+        self.row_buckets = sorted(row_buckets)
         self.model = model
         self.cache = cache
         self.scratch_row = scratch_row
@@ -54,7 +58,7 @@ class StaticPrefill:
         self.graphs: dict[Bucket, torch.cuda.CUDAGraph] = {}
         c = model.config
         device, dtype = cache.k.device, model.embeddings.weight.dtype
-        rows, chunk = PREFILL_ROW_BUCKETS[-1], PREFILL_CHUNK_BUCKETS[-1]
+        rows, chunk = self.row_buckets[-1], PREFILL_CHUNK_BUCKETS[-1]
         self.tokens = torch.zeros(rows, 1 + c.num_codebooks, chunk, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows, chunk, dtype=torch.int64, device=device)
         self.rows = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -65,13 +69,13 @@ class StaticPrefill:
     def bucket_for(self, lengths: Sequence[int], ends: Sequence[int]) -> Bucket | None:
         """The bucket of one pass over prompts of `lengths` ending at `ends` (start + length, where padding writes),
         or None: too many rows or tokens for the largest bucket, or an end at or past the context or every bucket."""
-        if not lengths or len(lengths) > PREFILL_ROW_BUCKETS[-1] or max(lengths) > PREFILL_CHUNK_BUCKETS[-1]:
+        if not lengths or len(lengths) > self.row_buckets[-1] or max(lengths) > PREFILL_CHUNK_BUCKETS[-1]:
             return None
         end = max(ends)
         length = bisect.bisect_right(self.length_buckets, end)
         if end >= self.limit or length == len(self.length_buckets):
             return None
-        rows = PREFILL_ROW_BUCKETS[bisect.bisect_left(PREFILL_ROW_BUCKETS, len(lengths))]
+        rows = self.row_buckets[bisect.bisect_left(self.row_buckets, len(lengths))]
         chunk = PREFILL_CHUNK_BUCKETS[bisect.bisect_left(PREFILL_CHUNK_BUCKETS, max(lengths))]
         return rows, chunk, self.length_buckets[length]
 
@@ -82,7 +86,7 @@ class StaticPrefill:
         """`DualARTransformer.prefill_many` through the buckets, in passes of at most the largest rows bucket (rows
         never read each other's KV, so splitting changes nothing): (B, vocab) logits and (B, fast_dim) hidden, or
         None when some pass fits no bucket (nothing is written then)."""
-        most = PREFILL_ROW_BUCKETS[-1]
+        most = self.row_buckets[-1]
         groups = [range(i, min(i + most, len(rows))) for i in range(0, len(rows), most)]
         lengths = [p.shape[-1] for p in prompts]
         ends = [s + n for s, n in zip(start_positions, lengths, strict=True)]
@@ -149,7 +153,7 @@ class StaticPrefill:
         graphs."""
         if self._record is None:
             return []
-        grid = [(r, c, n) for r in PREFILL_ROW_BUCKETS for n in self.length_buckets for c in PREFILL_CHUNK_BUCKETS]
+        grid = [(r, c, n) for r in self.row_buckets for n in self.length_buckets for c in PREFILL_CHUNK_BUCKETS]
         return [bucket for bucket in grid if bucket not in self.graphs]
 
     def capture_next(self) -> bool:

@@ -25,7 +25,7 @@ import torch
 from .compiled_regions import compiled
 from .dual_ar import DualARTransformer
 from .frame import PENALTY_WINDOW_FRAMES, NoiseFn, SamplingTensors, frame_noise, sample_frame
-from .prefill_graphs import StaticPrefill
+from .prefill_graphs import PREFILL_ROW_BUCKETS, StaticPrefill
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,7 @@ class DecodeStepper:
         use_cuda_graphs: bool = False,
         length_buckets: list[int] | None = None,
         prefill_length_buckets: list[int] | None = None,
+        prefill_row_buckets: Sequence[int] = PREFILL_ROW_BUCKETS,
         max_batch: int | None = None,
         fixed_batch: bool = False,
         first_frame_scratch_row: int | None = None,
@@ -120,7 +121,7 @@ class DecodeStepper:
         per bucket captured on first use or in idle time; prompts that fit none run the plain eager pass.
         `prefill_length_buckets`: those passes' attention lengths (default: `length_buckets`). A model whose decode
         attention stops at each row's length (`use_length_attention`) needs one decode length only, the full cache,
-        while prefill still attends over a bucket through SDPA."""
+        while prefill still attends over a bucket through SDPA. `prefill_row_buckets`: prompts per static pass."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -179,7 +180,7 @@ class DecodeStepper:
         self.static_prefill = (
             StaticPrefill(
                 model, self.cache, prefill_scratch_row, self.prefill_length_buckets,
-                record=self._record if self.use_cuda_graphs else None,
+                record=self._record if self.use_cuda_graphs else None, row_buckets=prefill_row_buckets,
             )
             if prefill_scratch_row is not None
             else None

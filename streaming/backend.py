@@ -93,6 +93,10 @@ class BackendConfig:
     # run 11, on and off in one hold, level-1 first audio p50 35 against 45-88 ms, a first burst of 64 2.6 against
     # 4.6 s, a warmed one 487 against 511 ms (docs/BENCHMARKS.md)
     graph_prefill: bool | None = None
+    # prompts per static prefill pass: row buckets 1, 2, 4, … up to this. H200 run 19 (bench.prefill_passes): 8
+    # prompts of 64 tokens in 4.66 ms against 4 in 3.86 ms, a prompt 0.96 → 0.58 ms; the end-to-end effect of 8 is
+    # not measured yet: 4. Passes of more rows gather more KV into scratch (PREFILL_SCRATCH_POSITIONS still splits).
+    prefill_max_rows: int = 4
     # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off,
     # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (no graph hides the compiled calls'
     # guard checks there: the default voice's step went 26 → 38 ms). Run 12 (H200, full-size model): batch-1 step
@@ -234,6 +238,7 @@ class Backend:
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
             prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,
+            prefill_row_buckets=power_of_two_buckets(config.prefill_max_rows),
             compile_backend="inductor" if self.compile_max_batch > 0 else None,
             compile_max_batch=self.compile_max_batch or None,
             tune_single_row=config.tune_single_row,

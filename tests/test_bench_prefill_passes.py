@@ -1,5 +1,5 @@
 """bench/prefill_passes.py runs end to end on the tiny config (CPU, eager; CI never times) and leaves the engine's
-prefill buckets as they were."""
+default prefill buckets as they were."""
 
 from __future__ import annotations
 

@@ -153,6 +153,32 @@ def test_prompts_that_fit_no_bucket_run_the_plain_pass() -> None:
         static.prefill_many([0], [random_sequence(model, 12, seed=2)], [500])  # its padding would write at 512
 
 
+@torch.no_grad()
+def test_a_rows_bucket_of_eight_takes_seven_prompts_in_one_pass() -> None:
+    """`prefill_row_buckets` up to 8 (`--prefill-max-rows 8`): seven prompts are one padded pass of 8 rows instead
+    of two of 4, with the plain pass's outputs and KV (the batch's own shapes plus a padding row on the scratch row:
+    bitwise, as above); the default buckets stop at 4 rows a pass."""
+    model = make_model("gqa_fast_project")
+    model.set_batch_invariant(True)
+    kwargs = {"max_seq_len": 256, "length_buckets": [64, 128]}
+    plain = DecodeStepper(model, 9, **kwargs)
+    static = DecodeStepper(model, 9, prefill_scratch_row=8, prefill_row_buckets=(1, 2, 4, 8), **kwargs)
+    assert static.static_prefill is not None and plain.static_prefill is None
+    rows, lengths, starts = [6, 0, 3, 1, 5, 2, 4], [64, 30, 7, 12, 50, 3, 9], [0, 20, 120, 5, 63, 0, 100]
+    ends = [s + n for s, n in zip(starts, lengths, strict=True)]
+    assert static.static_prefill.bucket_for(lengths, ends) == (8, 64, 128)
+    default = DecodeStepper(model, 9, prefill_scratch_row=8, **kwargs).static_prefill
+    assert default is not None and default.bucket_for(lengths, ends) is None  # 7 rows: passes of 4 and 3
+    prompts = [random_sequence(model, n, seed=90 + i) for i, n in enumerate(lengths)]
+    expected = plain.prefill_many(rows, prompts, starts)
+    got = static.prefill_many(rows, prompts, starts)
+    assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+    for row, end in zip(rows, ends, strict=True):
+        assert torch.equal(plain.cache.k[:, row, :, :end], static.cache.k[:, row, :, :end])
+        assert torch.equal(plain.cache.v[:, row, :, :end], static.cache.v[:, row, :, :end])
+    assert static.eager_prefills == 0  # through the static pass, not the plain fallback
+
+
 def test_bucket_choice() -> None:
     """Smallest rows, chunk and attention buckets that hold the pass; the attention bucket must exceed every end
     (where padding writes), which must stay inside the context."""

@@ -173,6 +173,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--compile-tune-single-row", "off"]).compile_tune_single_row == "off"
     with pytest.raises(SystemExit, match="--compile-tune-single-row must be on or off"):
         parse_settings(["--compile-tune-single-row", "no"])
+    assert parse_settings([]).prefill_max_rows == 4
+    assert parse_settings(["--prefill-max-rows", "8"]).prefill_max_rows == 8
+    with pytest.raises(SystemExit, match="--prefill-max-rows must be 1, 2, 4, 8 or 16"):
+        parse_settings(["--prefill-max-rows", "6"])
     assert parse_settings([]).length_attention == "auto"
     assert parse_settings(["--length-attention", "on"]).length_attention == "on"
     with pytest.raises(SystemExit, match="--length-attention must be auto, on or off"):
