@@ -11,7 +11,8 @@
 #   clients' Fish latency mode)
 #   SERVE_ARGS="--compile-cache-dir build/cc" WARM_RESTART=1 bash bench/run_server_gpu.sh   (after the levels, start
 #   the server again on the now warm cache: the warm start-up figure, then one level-1 pass; WARM_SERVE_ARGS adds
-#   flags to that start and WARM_LEVELS runs more levels on it)
+#   flags to that start and WARM_LEVELS runs more levels on it; WARM_VARIANTS="default;--flag x" restarts once per
+#   variant, see the end of this file)
 set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
@@ -98,16 +99,26 @@ for level in ${LEVELS:-1 64 256 384 512}; do run_level $level; done
 stamp "done"
 kill -TERM $SERVER; wait $SERVER
 grep -E "engine ready|ERROR|CRITICAL|slow turn|garbage collection" "$OUT/server.log" | head -30
-if [ -n "${WARM_RESTART:-}" ]; then
-  stamp "warm restart"
-  ts=$(date +%s); serve server_warm.log "${WARM_SERVE_ARGS:-}"
-  echo "warm start → ready: $(( $(date +%s) - ts )) s (${WARM_SERVE_ARGS:-})" | tee -a "$OUT/ready.txt"
+# Warm restarts: WARM_RESTART=1 starts once more with WARM_SERVE_ARGS; WARM_VARIANTS="default;--flag a;--flag b"
+# starts once per variant (";"-separated extra flags, "default" for none), each on the cache the first server wrote:
+# its start-up by phase, 8 requests at level 1 right after ready (what a first client meets), then WARM_LEVELS
+# (after the idle captures finish, unless WARM_NO_GRAPH_WAIT=1).
+variants=${WARM_VARIANTS:-}
+[ -z "$variants" ] && [ -n "${WARM_RESTART:-}" ] && variants=${WARM_SERVE_ARGS:-default}
+i=0
+IFS=';' read -ra variant_list <<< "$variants"
+for variant in ${variant_list[@]+"${variant_list[@]}"}; do
+  [ "$variant" = default ] && variant=""
+  i=$((i + 1)); tag=$([ $i = 1 ] && echo warm || echo "warm$i")
+  stamp "warm restart $i ($variant)"
+  ts=$(date +%s); serve "server_$tag.log" "$variant"
+  echo "warm start → ready: $(( $(date +%s) - ts )) s ($variant)" | tee -a "$OUT/ready.txt"
   curl -s localhost:7860/metrics | grep -o 'startup_[a-z_]*seconds"} [0-9.]*' | tee -a "$OUT/ready.txt"
-  timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out /tmp/ttfa_warm 2>&1 | tail -3
-  cp /tmp/ttfa_warm/ttfa.json "$OUT/ttfa_warm_1.json" 2>/dev/null
-  [ -n "${WARM_LEVELS:-}" ] && wait_for_graphs
-  PROFILE_LEVEL=none TAG=warm_
-  for level in ${WARM_LEVELS:-}; do echo "(warm server: ${WARM_SERVE_ARGS:-})" >> "$OUT/turns.txt"; run_level $level; done
+  timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$tag" 2>&1 | tail -3
+  cp "/tmp/ttfa_$tag/ttfa.json" "$OUT/ttfa_${tag}_1.json" 2>/dev/null
+  [ -n "${WARM_LEVELS:-}" ] && [ -z "${WARM_NO_GRAPH_WAIT:-}" ] && wait_for_graphs
+  PROFILE_LEVEL=none TAG=${tag}_
+  for level in ${WARM_LEVELS:-}; do echo "(warm server $i: $variant)" >> "$OUT/turns.txt"; run_level $level; done
   kill -TERM $SERVER; wait $SERVER
-  grep -E "engine ready|ERROR|CRITICAL" "$OUT/server_warm.log" | head -20
-fi
+  grep -E "engine ready|ERROR|CRITICAL" "$OUT/server_$tag.log" | head -20
+done

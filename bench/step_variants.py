@@ -66,6 +66,9 @@ VARIANTS = {
     "compiled_length": Variant(compiled=True, length_attention=True),  # `compiled` + the length-aware attention kernel
     # the same over a 4,096-position cache: the engine's one decode length with the kernel on (positions unchanged)
     "compiled_length_4096": Variant(compiled=True, length_attention=True, cache_len=4096),
+    # the engine's tuned one-row step (`--compile-tune-single-row on`) with the kernel, against `compiled_cd` (SDPA
+    # era: reductions at one row over the 2,048 bucket); run at --batches 1 (coordinate descent compiles for minutes)
+    "compiled_cd_length_4096": Variant(compiled=True, coordinate_descent=True, length_attention=True, cache_len=4096),
 }
 
 
