@@ -59,10 +59,11 @@ def read_heldout(path: Path = HELDOUT, limit: int | None = None) -> list[HeldOut
 
 
 async def speak(
-    url: str, text: str, *, seed: int = 0, api_key: str | None = None, sampling: dict[str, float] | None = None
+    url: str, text: str, *, seed: int = 0, api_key: str | None = None, sampling: dict[str, float | str] | None = None
 ) -> np.ndarray:
     """One utterance over /v1/tts/live → the int16 mono samples at 44.1 kHz as sent; GateError on an error or
-    close. `sampling` (temperature, top_p, repetition_penalty) goes into the request; the server's defaults else."""
+    close. `sampling` (temperature, top_p, repetition_penalty; also latency) goes into the request; the server's
+    defaults else."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -89,7 +90,7 @@ async def speak(
 
 def synthesize_all(
     url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None,
-    sampling: dict[str, float] | None = None,
+    sampling: dict[str, float | str] | None = None,
 ) -> list[Path]:  # fmt: skip
     """Speak every item (one at a time: the gate measures quality, not load) into out_dir/<id>.wav."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ def synthesize_all(
 
 def run_gate(
     url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None, whisper: object | None = None,
-    sampling: dict[str, float] | None = None,
+    sampling: dict[str, float | str] | None = None,
 ) -> WerReport:  # fmt: skip
     paths = synthesize_all(url, items, out_dir, api_key=api_key, sampling=sampling)
     model = whisper if whisper is not None else load_whisper()
@@ -131,9 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require", choices=("none", "pass", "target"), default="none")
     for name in SAMPLING_FIELDS:
         parser.add_argument("--" + name.replace("_", "-"), type=float, help="sent in each request (else the server's)")
+    parser.add_argument(
+        "--latency", choices=("low", "balanced", "normal"),
+        help="Fish `latency` sent in each request (else the server's default, balanced): how the server's segmenter "
+        "cuts a sentence (low: at the first clause of 8 characters; normal: 40, and later clauses at 150)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     items = read_heldout(args.items, args.limit)
-    sampling = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
+    sampling: dict[str, float | str] = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
+    if args.latency:
+        sampling["latency"] = args.latency
     report = run_gate(args.url, items, args.out, api_key=args.api_key, sampling=sampling)
     (args.out / "report.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
     summary = {
