@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -59,6 +60,38 @@ def length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     to L). Returns (B, Hkv, G, D) in q's dtype. A custom op: torch.compile keeps it opaque (the launch grid needs
     concrete sizes, and the large buckets compile with a symbolic batch)."""
     return torch.ops.fishgate.length_attention(q, keys, values, lengths)
+
+
+def self_check(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    attention: Callable[..., torch.Tensor] = length_attention,
+) -> str | None:
+    """Run `attention` once on this device at the model's head dim and group size, one and several splits, against
+    the masked softmax in fp32: None when it agrees to `dtype`'s rounding, else what went wrong (a compile or launch
+    error on an untested GPU, or wrong numbers). The engine runs it before choosing the kernel by default."""
+    gen = torch.Generator().manual_seed(0)
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    try:
+        for rows, length, lengths in ((1, 256, [200]), (3, 64, [1, 40, 64])):  # several splits, then one
+            shape = (rows, 2, length, head_dim)
+            keys = torch.randn(shape, generator=gen).to(device, dtype)
+            values = torch.randn(shape, generator=gen).to(device, dtype)
+            q = torch.randn(rows, 2, group, head_dim, generator=gen).to(device, dtype)
+            lens = torch.tensor(lengths, device=device)
+            got = attention(q, keys, values, lens).float()
+            scores = q.float() @ keys.float().transpose(-1, -2) / math.sqrt(head_dim)
+            past = torch.arange(length, device=device).view(1, 1, 1, -1) >= lens.view(-1, 1, 1, 1)
+            want = torch.softmax(scores.masked_fill(past, float("-inf")), -1) @ values.float()
+            err = float((got - want).norm() / want.norm())
+            if not err <= tolerance:  # a NaN fails too
+                return f"relative error {err:.2g} against the masked softmax at {rows} rows, {length} keys"
+    except Exception as e:  # whatever failed (Triton's compiler, the launch), the answer is: not here
+        first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        return f"{type(e).__name__}: {first_line}"
+    return None
 
 
 @torch.library.custom_op("fishgate::length_attention", mutates_args=())

@@ -188,6 +188,14 @@ class Backend:
             )
         auto = config.length_attention is None and config.cuda_graphs
         self.length_attention = kernel_runs and bool(config.length_attention or auto)
+        if self.length_attention:  # on a GPU it was never run on, the kernel proves itself before it is used
+            c = self.model.config
+            problem = decode_attention.self_check(self.device, dtype, c.dim // c.n_head, c.n_head // c.n_local_heads)
+            if problem is not None and not auto:
+                raise ValueError(f"--length-attention on: the kernel's self-check failed ({problem}); use auto or off")
+            if problem is not None:  # the default must never be what stops a start
+                log.warning("the length-aware decode attention is off on this GPU (its self-check: %s)", problem)
+                self.length_attention = False
         self.model.use_length_attention(self.length_attention)
         # the codec decodes in fp32 on CPU and bf16 on GPU; the encoder (references) always runs fp32
         self.codec = load_codec(folder, device=self.device, dtype=dtype, with_encoder=False)

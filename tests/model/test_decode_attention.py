@@ -57,6 +57,15 @@ CHECK = textwrap.dedent(
         err = (got.double() - reference(q, keys, values, lens)).abs().max().item()
         assert got.shape == q.shape and err < 2e-5, (min_programs, err)
         print(f"head dim 48, {da.split_count(3, kv_heads, 192)} splits: max abs err {err:.1e}")
+    # the engine's start-up check: the kernel passes it here; a wrong or failing attention does not
+    assert da.self_check(torch.device("cpu"), torch.float32, head_dim=48, group=8) is None
+    wrong = da.self_check(torch.device("cpu"), torch.float32, 64, 8, attention=lambda q, k, v, n: torch.zeros_like(q))
+    assert wrong is not None and wrong.startswith("relative error"), wrong
+
+    def broken(q, k, v, n):
+        raise RuntimeError("PTX compile failed\\nmore detail")
+
+    assert da.self_check(torch.device("cpu"), torch.bfloat16, 64, 8, attention=broken) == "RuntimeError: PTX compile failed"
     # keys past a row's length are never read: poisoning them changes nothing
     keys, values = cache_k[0, :2, :, :256].clone(), cache_v[0, :2, :, :256].clone()
     q, lens = torch.randn(2, kv_heads, group, dim), torch.tensor([70, 130])
