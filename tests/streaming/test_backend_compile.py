@@ -37,3 +37,12 @@ def test_length_attention_is_refused_where_its_kernel_cannot_run() -> None:
         assert not any(m.length_attention for m in backend.model.modules() if isinstance(m, Attention))
     with pytest.raises(ValueError, match=r"--length-attention on needs a CUDA GPU.*use auto or off"):
         Backend(BackendConfig(max_sessions=2, length_attention=True))
+
+
+def test_prefill_max_rows_sets_the_static_passes_row_buckets() -> None:
+    """--prefill-max-rows reaches the static prefill passes (on CPU they run eagerly when asked for); 4 by default."""
+    default = Backend(BackendConfig(max_sessions=8, graph_prefill=True))
+    wide = Backend(BackendConfig(max_sessions=8, graph_prefill=True, prefill_max_rows=8))
+    assert default.stepper.static_prefill is not None and wide.stepper.static_prefill is not None
+    assert default.stepper.static_prefill.row_buckets == [1, 2, 4]
+    assert wide.stepper.static_prefill.row_buckets == [1, 2, 4, 8]
