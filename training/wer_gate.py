@@ -137,11 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         help="Fish `latency` sent in each request (else the server's default, balanced): how the server's segmenter "
         "cuts a sentence (low: at the first clause of 8 characters; normal: 40, and later clauses at 150)",
     )  # fmt: skip
+    parser.add_argument(
+        "--chunk-length", type=int,
+        help="Fish `chunk_length` (100-300) sent in each request: the longest segment the server's segmenter cuts",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     items = read_heldout(args.items, args.limit)
     sampling: dict[str, float | str] = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
     if args.latency:
         sampling["latency"] = args.latency
+    if args.chunk_length:
+        sampling["chunk_length"] = args.chunk_length
     report = run_gate(args.url, items, args.out, api_key=args.api_key, sampling=sampling)
     (args.out / "report.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
     summary = {
