@@ -450,16 +450,16 @@ class DecodeStepper:
         return graph
 
     def capture_all(self, max_batch: int | None = None) -> int:
-        """Capture every (batch, length) bucket up front (cold start), or only those of batch ≤ `max_batch` (the
-        rest can follow in idle time through `capture_next`, or on first use); returns how many graphs exist."""
+        """Capture every decode (batch, length) bucket and first-frame bucket up front (cold start), or only those of
+        batch ≤ `max_batch` (the rest can follow in idle time through `capture_next`, or on first use); returns how
+        many decode graphs exist."""
         if self.use_cuda_graphs:
             for b, n in self.missing_graphs():
                 if max_batch is None or b <= max_batch:
                     self.capture(b, n)
-            if self.first_frame_scratch_row is not None:  # a few small graphs: all of them up front
-                for b in self.first_frame_buckets:
-                    if b not in self._first_graphs:
-                        self._capture_first_frames(b)
+            for b in self.missing_first_frame_graphs():  # compiled like the step: seconds each even from a warm cache
+                if max_batch is None or b <= max_batch:
+                    self._capture_first_frames(b)
         return len(self._graphs)
 
     def missing_graphs(self) -> list[tuple[int, int]]:
@@ -469,17 +469,27 @@ class DecodeStepper:
         grid = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
         return [key for key in grid if key not in self._graphs]
 
+    def missing_first_frame_graphs(self) -> list[int]:
+        """First-frame batch buckets not captured yet, small first (empty without graphs or static first frames)."""
+        if not self.use_cuda_graphs or self.first_frame_scratch_row is None:
+            return []
+        return [b for b in self.first_frame_buckets if b not in self._first_graphs]
+
     def capture_next(self, row_positions: Sequence[int]) -> bool:
-        """Capture one missing decode bucket (for idle time), else one missing prefill bucket; False when none is
-        missing or none can be captured now.
+        """Capture one missing decode bucket (for idle time), else one missing first-frame bucket, else one missing
+        prefill bucket; False when none is missing or none can be captured now.
 
         Warm-up and capture run the step over rows [0, batch) without advancing them, which still writes each row's
         K/V at its position: harmless at a row's next position, but out of the bucket's attention length when an open
         session's row is already past it (an index assert on CUDA that kills the process). So only buckets whose
-        length covers the current `row_positions` (the host mirror of `pos`) are captured; the rest wait. A prefill
-        capture writes the scratch row only: always safe between turns."""
+        length covers the current `row_positions` (the host mirror of `pos`) are captured; the rest wait. First-frame
+        and prefill captures write the scratch row only: always safe between turns."""
         capturable = capturable_buckets(self.missing_graphs(), row_positions)
         if capturable:
             self.capture(*capturable[0])
+            return True
+        first_frames = self.missing_first_frame_graphs()
+        if first_frames:
+            self._capture_first_frames(first_frames[0])
             return True
         return self.static_prefill is not None and self.static_prefill.capture_next()

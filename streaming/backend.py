@@ -80,8 +80,8 @@ class BackendConfig:
     max_seq_len: int | None = None  # lower the context to save memory (default: the model's)
     batch_invariant: bool | None = None  # None = on for CPU (bitwise reproducible under load), off on GPU
     cuda_graphs: bool = True
-    # decode graphs captured before the engine reports ready: all (None), or only batch buckets ≤ this; the rest
-    # are captured by the worker when it is idle (one ~0.25 s graph at a time), or on first use
+    # decode and first-frame graphs captured before the engine reports ready: all (None), or only batch buckets ≤
+    # this; the rest are captured by the worker when it is idle (one graph at a time), or on first use
     graphs_up_front: int | None = None
     # first frames of segments sampled through static buffers padded to a batch bucket (padding rows use the swap
     # spare row), on a GPU one CUDA graph per bucket; bitwise the plain path's frames (tests/streaming/test_engine.py,
@@ -497,7 +497,7 @@ class Backend:
     def count_missing_graphs(self) -> int:
         """Decode, prefill and vocoder graphs not captured yet (0 on CPU). Worker thread only: others read the
         `graphs_missing` it leaves after each idle capture (the /metrics gauge a benchmark waits on before loading)."""
-        n = len(self.stepper.missing_graphs())
+        n = len(self.stepper.missing_graphs()) + len(self.stepper.missing_first_frame_graphs())
         if self.stepper.static_prefill is not None:
             n += len(self.stepper.static_prefill.missing_graphs())
         if self.vocoder_graphs is not None:

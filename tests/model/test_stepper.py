@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from model.frame import SamplingTensors
@@ -192,6 +194,30 @@ def test_prefill_keeps_its_length_buckets_when_decode_has_one() -> None:
     assert stepper.static_prefill is not None and stepper.static_prefill.length_buckets == [64, 128, 256]
     both = DecodeStepper(make_model("gqa_fast_project"), n_rows=4, max_seq_len=256, length_buckets=[64, 128])
     assert both.prefill_length_buckets == both.length_buckets == [64, 128, 256]
+
+
+def test_graphs_up_front_leaves_larger_buckets_and_first_frames_to_idle_capture() -> None:
+    """`capture_all(max_batch=1)` (--graphs-up-front 1): the one-row decode and first-frame graphs before ready, every
+    other decode and first-frame bucket one at a time by `capture_next` (idle time), decode buckets first. The
+    bookkeeping only: here a stand-in recorder runs each call once instead of capturing it (no CUDA)."""
+    stepper = DecodeStepper(make_model("gqa_fast_project"), 9, max_seq_len=64, max_batch=8, first_frame_scratch_row=8)
+    stepper.use_cuda_graphs = True
+
+    def record(run):  # what `_record` returns: something with replay()
+        run()
+        return types.SimpleNamespace(replay=run)
+
+    stepper._record = record  # type: ignore[method-assign]
+    assert stepper.capture_all(max_batch=1) == 1
+    assert list(stepper._graphs) == [(1, 64)] and list(stepper._first_graphs) == [1]
+    assert stepper.missing_graphs() == [(2, 64), (4, 64), (8, 64)]
+    assert stepper.missing_first_frame_graphs() == [2, 4, 8]
+    captured = []
+    while stepper.capture_next([0] * 9):
+        captured.append((list(stepper._graphs), list(stepper._first_graphs)))
+    assert len(captured) == 6 and stepper.missing_graphs() == [] and stepper.missing_first_frame_graphs() == []
+    assert captured[2] == ([(1, 64), (2, 64), (4, 64), (8, 64)], [1])  # decode buckets first, then first frames
+    assert stepper.capture_all() == 4  # nothing left to capture
 
 
 def test_first_frames_sampled_together_equal_one_at_a_time() -> None:

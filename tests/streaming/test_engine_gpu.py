@@ -162,9 +162,10 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
             at_ready = len(stepper._graphs)
             vocoder = engine._worker.b.vocoder_graphs
             deadline = time.monotonic() + 180
-            while (stepper.missing_graphs() or vocoder.missing(all_chunk_sizes())) and time.monotonic() < deadline:
+            missing = lambda: stepper.missing_graphs() + stepper.missing_first_frame_graphs()  # noqa: E731
+            while (missing() or vocoder.missing(all_chunk_sizes())) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
-            assert not stepper.missing_graphs()
+            assert not missing(), "decode and first-frame graphs are captured in idle time"
             assert not vocoder.missing(all_chunk_sizes()), "batched vocoder graphs are captured in idle time too"
             assert engine.stats()["graphs_captured"] >= len(stepper._graphs) + len(vocoder.replay_ms) > 0
             solo = await speak(engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=60)), *TEXTS)
@@ -189,7 +190,8 @@ def test_idle_capture_waits_for_buckets_an_open_session_is_past() -> None:
     """graphs_up_front=1 leaves most graphs to idle time. A session kept open between utterances holds its row at
     its position; capturing a graph whose attention length is below that position would write out of range (a
     CUDA index assert that kills the process: seen on the H200, 2026-11-30). Idle capture skips those buckets
-    while the session is open, the session speaks again, and once it closes every graph gets captured."""
+    while the session is open, the session speaks again, and once it closes every graph gets captured. With SDPA
+    (`length_attention=False`): the length-aware kernel's one attention length, the cache's, covers every position."""
     import time
 
     from model.stepper import capturable_buckets
@@ -199,7 +201,7 @@ def test_idle_capture_waits_for_buckets_an_open_session_is_past() -> None:
     long_text = " ".join(["This sentence keeps the open session's row well past five hundred positions."] * 10)
 
     async def main() -> None:
-        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=1)))
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=1, length_attention=False)))
         engine.start()
         try:
             assert engine.wait_ready(300), engine.fault
