@@ -36,8 +36,9 @@ class Settings:
     graphs_up_front: int | None = field(
         default=None,
         metadata={"help": "GPU: capture decode and first-frame graphs only up to this batch bucket before reporting "
-                  "ready (faster start: H200 run 19 spent ~24 of a 29.7 s warm capture on the buckets above one row); the "
-                  "rest are captured while the engine is idle, or on first use, a pause for that turn (default: all)"},
+                  "ready (faster start: H200 run 19 spent ~24 of a 29.7 s warm capture on the buckets above one "
+                  "row); the rest are captured while the engine is idle, or on first use, a pause for that turn "
+                  "(default: all)"},
     )  # fmt: skip
     graph_first_frames: str = field(
         default="on",
