@@ -59,15 +59,20 @@ def read_heldout(path: Path = HELDOUT, limit: int | None = None) -> list[HeldOut
 
 
 async def speak(
-    url: str, text: str, *, seed: int = 0, api_key: str | None = None, sampling: dict[str, float | str] | None = None
+    url: str,
+    text: str,
+    *,
+    seed: int = 0,
+    api_key: str | None = None,
+    request_fields: dict[str, float | str] | None = None,
 ) -> np.ndarray:
     """One utterance over /v1/tts/live → the int16 mono samples at 44.1 kHz as sent; GateError on an error or
-    close. `sampling` (temperature, top_p, repetition_penalty; also latency) goes into the request; the server's
-    defaults else."""
+    close. `request_fields` (sampling: temperature, top_p, repetition_penalty; segmenting: latency, chunk_length)
+    go into the request; the server's defaults else."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = {"text": "", "format": "pcm", "sample_rate": SAMPLE_RATE_HZ, "seed": seed, **(sampling or {})}
+    request = {"text": "", "format": "pcm", "sample_rate": SAMPLE_RATE_HZ, "seed": seed, **(request_fields or {})}
     pcm = bytearray()
     async with asyncio.timeout(TIMEOUT_S):
         async with connect(url, additional_headers=headers, max_size=MAX_FRAME_BYTES, compression=None) as ws:
@@ -90,7 +95,7 @@ async def speak(
 
 def synthesize_all(
     url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None,
-    sampling: dict[str, float | str] | None = None,
+    request_fields: dict[str, float | str] | None = None,
 ) -> list[Path]:  # fmt: skip
     """Speak every item (one at a time: the gate measures quality, not load) into out_dir/<id>.wav."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +103,7 @@ def synthesize_all(
     async def run() -> list[Path]:
         paths = []
         for item in items:
-            audio = await speak(url, item.text, api_key=api_key, sampling=sampling)
+            audio = await speak(url, item.text, api_key=api_key, request_fields=request_fields)
             if audio.size == 0:
                 raise GateError(f"{item.id}: the server sent no audio")
             path = out_dir / f"{item.id}.wav"
@@ -111,9 +116,9 @@ def synthesize_all(
 
 def run_gate(
     url: str, items: Sequence[HeldOut], out_dir: Path, *, api_key: str | None = None, whisper: object | None = None,
-    sampling: dict[str, float | str] | None = None,
+    request_fields: dict[str, float | str] | None = None,
 ) -> WerReport:  # fmt: skip
-    paths = synthesize_all(url, items, out_dir, api_key=api_key, sampling=sampling)
+    paths = synthesize_all(url, items, out_dir, api_key=api_key, request_fields=request_fields)
     model = whisper if whisper is not None else load_whisper()
     return evaluate(model, [(item.id, path, item.norm) for item, path in zip(items, paths, strict=True)])
 
@@ -143,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     items = read_heldout(args.items, args.limit)
-    sampling: dict[str, float | str] = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
+    fields: dict[str, float | str] = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
     if args.latency:
-        sampling["latency"] = args.latency
+        fields["latency"] = args.latency
     if args.chunk_length:
-        sampling["chunk_length"] = args.chunk_length
-    report = run_gate(args.url, items, args.out, api_key=args.api_key, sampling=sampling)
+        fields["chunk_length"] = args.chunk_length
+    report = run_gate(args.url, items, args.out, api_key=args.api_key, request_fields=fields)
     (args.out / "report.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
     summary = {
         "clips": report.clips, "ref_words": report.ref_words, "wer": round(report.wer, 4),

@@ -44,6 +44,23 @@ def test_graph_prefill_left_unset_is_off_on_cpu() -> None:
     assert backend.graph_prefill is False and backend.stepper.static_prefill is None
 
 
+def prefill_six_both_ways(
+    plain: Backend, static: Backend
+) -> tuple[list[int], list[torch.Tensor], list[tuple[int, int, int]]]:
+    """Six prompts into rows 5, 0, 3, 1, 4, 2 of both backends; `static`'s results must equal `plain`'s within CPU
+    rounding. Returns the rows, the prompts and the (rows, chunk, length) bucket of each static pass that ran."""
+    assert static.stepper.static_prefill is not None
+    passes: list[tuple[int, int, int]] = []
+    run = static.stepper.static_prefill._run
+    static.stepper.static_prefill._run = lambda bucket, _run=run: (passes.append(bucket), _run(bucket))[-1]  # type: ignore[method-assign]
+    tokens = prompts(plain) * 2
+    rows = [5, 0, 3, 1, 4, 2]
+    expected, got = (b.prefill_many(rows, tokens, [0] * 6) for b in (plain, static))
+    for x, y in zip(expected, got, strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
+    return rows, tokens, passes
+
+
 def test_graph_prefill_gives_the_plain_prefill_within_rounding() -> None:
     """graph_prefill: the backend's calls run through the stepper's padded static passes (batched engines: passes of
     up to 4 rows; batch-invariant ones: one row at a time), equal to the plain prefill but for the last bits that the
@@ -52,16 +69,9 @@ def test_graph_prefill_gives_the_plain_prefill_within_rounding() -> None:
         plain, static = (
             Backend(BackendConfig(max_sessions=6, batch_invariant=invariant, graph_prefill=on)) for on in (False, True)
         )
-        assert plain.stepper.static_prefill is None and static.stepper.static_prefill is not None
-        passes: list[tuple[int, int, int]] = []
-        run = static.stepper.static_prefill._run
-        static.stepper.static_prefill._run = lambda bucket, _run=run: (passes.append(bucket), _run(bucket))[-1]  # type: ignore[method-assign]
-        tokens = prompts(plain) * 2
-        rows = [5, 0, 3, 1, 4, 2]
-        expected, got = (b.prefill_many(rows, tokens, [0] * 6) for b in (plain, static))
+        assert plain.stepper.static_prefill is None
+        rows, tokens, passes = prefill_six_both_ways(plain, static)
         assert len(passes) == (6 if invariant else 2)
-        for x, y in zip(expected, got, strict=True):
-            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
         for row, t in zip(rows, tokens, strict=True):
             n = t.shape[1]
             torch.testing.assert_close(static.stepper.cache.k[:, row, :, :n], plain.stepper.cache.k[:, row, :, :n])
@@ -71,16 +81,8 @@ def test_prefill_max_rows_8_takes_six_prompts_in_one_pass() -> None:
     """--prefill-max-rows 8: the six prompts above are one padded pass instead of two, with the same results."""
     plain = Backend(BackendConfig(max_sessions=6, batch_invariant=False))
     static = Backend(BackendConfig(max_sessions=6, batch_invariant=False, graph_prefill=True, prefill_max_rows=8))
-    assert static.stepper.static_prefill is not None
-    passes: list[tuple[int, int, int]] = []
-    run = static.stepper.static_prefill._run
-    static.stepper.static_prefill._run = lambda bucket, _run=run: (passes.append(bucket), _run(bucket))[-1]  # type: ignore[method-assign]
-    tokens = prompts(plain) * 2
-    rows = [5, 0, 3, 1, 4, 2]
-    expected, got = (b.prefill_many(rows, tokens, [0] * 6) for b in (plain, static))
+    _, _, passes = prefill_six_both_ways(plain, static)
     assert [p[0] for p in passes] == [8]
-    for x, y in zip(expected, got, strict=True):
-        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
 
 
 def test_the_workers_prefill_chunk_fits_the_largest_graph_chunk() -> None:
