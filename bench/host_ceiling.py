@@ -152,9 +152,13 @@ class TimedStandIn(Backend):
         time.sleep(self.scale * self.first_frames_ms / 1e3)
         return self._frames(len(rows))
 
-    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
+    def step(
+        self, rows: int, commit: Sequence[bool], max_pos: int, while_running: Callable[[], None] | None = None
+    ) -> np.ndarray:
         buckets = self.stepper.batch_buckets  # the GPU's captured graphs run padded to these
         time.sleep(self.scale * decode_ms(buckets[bisect.bisect_left(buckets, rows)], self.decode_table) / 1e3)
+        if while_running is not None:  # serial on the stand-in (its vocoder runs in vocode): nothing is in flight
+            while_running()
         return self._frames(rows)
 
     def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -285,14 +285,18 @@ class DecodeStepper:
 
     @torch.inference_mode()
     def _capture_first_frames(self, bucket: int) -> torch.cuda.CUDAGraph:
-        """Capture the first-frame sample for one batch bucket; warm-up runs write the scratch row only."""
+        """Capture the first-frame sample for one batch bucket; warm-up runs write the scratch row only, at position 0
+        (the static buffers still hold the last real call's positions when this runs in idle time: the scratch row
+        left at one of them past a short attention length made the next decode capture write out of range)."""
         assert self.first_frame_scratch_row is not None
-        rows = self._ff_rows[:bucket].clone()
+        rows, positions = self._ff_rows[:bucket].clone(), self._ff_positions[:bucket].clone()
         self._ff_rows[:bucket].fill_(self.first_frame_scratch_row)
+        self._ff_positions[:bucket].zero_()
         t0 = time.perf_counter()
         graph = self._record(lambda: self._run_first_frames(bucket))
         self.capture_seconds["first_frames"] += time.perf_counter() - t0
         self._ff_rows[:bucket].copy_(rows)
+        self._ff_positions[:bucket].copy_(positions)
         self._first_graphs[bucket] = graph
         return graph
 
@@ -401,9 +405,11 @@ class DecodeStepper:
         self.commit.copy_(self._commit_host, non_blocking=True)
 
     @torch.inference_mode()
-    def step(self, rows: int, max_pos: int) -> torch.Tensor:
+    def step(self, rows: int, max_pos: int, while_running: Callable[[], None] | None = None) -> torch.Tensor:
         """One decode step for rows [0, rows) (set the commit flags first). Returns new frames (rows, 1+nc) on the
-        host — the step's only device→host copy and its only sync. Positions must stay below `max_seq_len`."""
+        host — the step's only device→host copy and its only sync. Positions must stay below `max_seq_len`.
+        `while_running` is called once the step is queued on the device, before the host waits for it (the engine
+        collects the vocoder's audio there, decoded on another stream meanwhile)."""
         bucket, attn_len = self.bucket_for(rows, max_pos)
         self.last_bucket = (bucket, attn_len)
         if self.use_cuda_graphs:
@@ -414,8 +420,12 @@ class DecodeStepper:
         else:
             self._run_step(bucket, attn_len)
         if self.out.device.type == "cpu":
+            if while_running is not None:
+                while_running()
             return self.out[:rows].clone()  # a copy: `out` is overwritten by the next step
         self._out_host[:rows].copy_(self.out[:rows], non_blocking=True)
+        if while_running is not None:
+            while_running()
         torch.cuda.current_stream(self.out.device).synchronize()
         return self._out_host[:rows].clone()
 

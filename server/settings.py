@@ -81,6 +81,14 @@ class Settings:
                   "step at 384 rows 12.1 -> 9.3 ms; 300 streams' p95 first audio 323-1,370 -> 235-403 ms). auto = "
                   "on for a CUDA GPU with Triton unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
+    vocoder_overlap: str = field(
+        default="auto",
+        metadata={"help": "auto | on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill "
+                  "and decode step instead of after the step, so a turn lasts about the longer of the two, not their "
+                  "sum (H200 run 19 at 300 streams: step 11-13 ms and vocoder 12-15 ms of a 34-38 ms turn). auto = "
+                  "on for a GPU with CUDA graphs; off = the vocoder after the step (a stream's next segment then "
+                  "starts one turn sooner)"},
+    )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,
         metadata={"help": "with --compile-max-batch above this, the larger buckets compile with a symbolic batch "

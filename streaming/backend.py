@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -137,6 +137,13 @@ class BackendConfig:
     # device (bench/host_ceiling.py, 256 steady streams) padding fell from 17.6 to 7.2 % of vocoded frames and the
     # vocoder's time per turn by 8 %. Off: not yet measured on a GPU
     vocoder_half_step_buckets: bool = False
+    # the vocoder decodes on its own CUDA stream beside the next turn's prefill and decode step, instead of after
+    # the step on the same stream (streaming.worker: a turn queues the chunks its previous step completed, then
+    # prefills and steps while they decode, and collects the audio before it waits for the step). Both are
+    # latency-bound at these sizes (H200 run 19 at ~300 streams: step 11-13 ms, vocoder 12-15 ms of a 34-38 ms
+    # turn, one after the other). None = on for CUDA-graph engines, off elsewhere; on CPU, on only moves the
+    # vocoder's place in the turn (the equivalence tests run it there)
+    vocoder_overlap: bool | None = None
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -172,6 +179,8 @@ class Backend:
         self.graphs_missing = 0  # see count_missing_graphs; set by the worker after warm-up and each idle capture
         self.vocode_frames_run = 0
         self._staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
+        # the vocoder's codes and slots have their own staging buffer: its copies are read on the vocoder's stream
+        self._vocoder_staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
 
         t0 = time.perf_counter()
         loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len)
@@ -261,6 +270,11 @@ class Backend:
             max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
             channels_last=config.vocoder_channels_last and self.device.type == "cuda",
         )
+        self.overlap_vocoder = graphs if config.vocoder_overlap is None else config.vocoder_overlap
+        self.vocoder_stream = (
+            torch.cuda.Stream(self.device) if self.overlap_vocoder and self.device.type == "cuda" else None
+        )
+        self._vocoder_in_flight = 0  # launched vocoder calls whose audio is not collected yet (vocode_launch)
         self.vocoder_graphs = None
         if graphs:
             self.vocoder_graphs = GraphedVocoder(
@@ -379,10 +393,13 @@ class Backend:
             )  # fmt: skip
         return self.stepper.start_segments(list(rows), logits, hidden, list(next_positions)).cpu().numpy()
 
-    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
-        """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc)."""
+    def step(
+        self, rows: int, commit: Sequence[bool], max_pos: int, while_running: Callable[[], None] | None = None
+    ) -> np.ndarray:
+        """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc).
+        `while_running` runs once the step is queued, before the host waits for it (see DecodeStepper.step)."""
         self.stepper.set_commit(list(commit))
-        frames = self.stepper.step(rows, max_pos).numpy()
+        frames = self.stepper.step(rows, max_pos, while_running).numpy()
         self._release_staging()  # the step synchronised the stream: every staged copy has been read
         return frames
 
@@ -390,7 +407,7 @@ class Backend:
         self.stepper.swap_rows(a, b, length_a, length_b, spare=self.session_rows - 1)
 
     def permute_rows(self, dst: list[int], src: list[int], length: int) -> None:
-        rows = [self._to_device(torch.tensor(r, dtype=torch.long)) for r in (dst, src)]
+        rows = [self._to_device(torch.tensor(r, dtype=torch.long), self._staging) for r in (dst, src)]
         self.stepper.permute_rows(rows[0], rows[1], length)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
@@ -400,12 +417,54 @@ class Backend:
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
     def reset_vocoder(self, slot: int) -> None:
-        self.vocoder.reset(torch.tensor([slot], device=self.device))
+        with self._on_vocoder_stream():  # ordered with the slot's chunks queued there
+            self.vocoder.reset(torch.tensor([slot], device=self.device))
 
     @torch.inference_mode()
     def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Continue each slot's audio with its codes (nc, F); one batched call per distinct F (per slot when
-        batch-invariant). Returns float32 PCM arrays (F·samples_per_frame,)."""
+        batch-invariant). Returns float32 PCM arrays (F·samples_per_frame,). Waits for the audio."""
+        launched = self._launch_vocode(slots, codes)
+        out: list[np.ndarray | None] = [None] * len(slots)
+        for batch, audio_t in launched:
+            audio = audio_t.cpu().numpy()
+            for j, i in enumerate(batch):
+                out[i] = audio[j]
+        if launched and self._vocoder_in_flight == 0:
+            self._release_vocoder_staging()  # the copies out synchronised the stream
+        return [a for a in out if a is not None]
+
+    def vocode_launch(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> Callable[[], list[np.ndarray]]:
+        """`vocode` without waiting: queues the calls and returns what collects their audio. With `vocoder_stream`
+        the calls run there, beside whatever the caller queues next on the default stream (the decode step); the
+        caller collects every launch before the vocoder's state is touched otherwise (reset, graph capture).
+        Without one (CPU; overlap off) the audio is decoded now, through `vocode`."""
+        if self.vocoder_stream is None:
+            audio = self.vocode(slots, codes)
+            return lambda: audio
+        with torch.inference_mode(), torch.cuda.stream(self.vocoder_stream):
+            launched = [(batch, a.to("cpu", non_blocking=True)) for batch, a in self._launch_vocode(slots, codes)]
+            done = torch.cuda.Event()
+            done.record(self.vocoder_stream)
+        self._vocoder_in_flight += 1
+        n = len(slots)
+
+        def collect() -> list[np.ndarray]:
+            done.synchronize()
+            self._vocoder_in_flight -= 1
+            if self._vocoder_in_flight == 0:
+                self._release_vocoder_staging()  # every staged copy of every launch has been read
+            out: list[np.ndarray | None] = [None] * n
+            for batch, audio_t in launched:
+                audio = audio_t.numpy()
+                for j, i in enumerate(batch):
+                    out[i] = audio[j]
+            return [a for a in out if a is not None]
+
+        return collect
+
+    def _launch_vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
+        """Queue the calls of `vocode` on the current stream: (indices into slots, audio on the device) per call."""
         groups: dict[int, list[int]] = {}
         for i, c in enumerate(codes):
             groups.setdefault(c.shape[1], []).append(i)
@@ -415,33 +474,34 @@ class Backend:
         for members in groups.values():
             step = 1 if self.batch_invariant else self.vocoder_batch
             for batch in (members[k : k + step] for k in range(0, len(members), step)):
-                codes_t = self._to_device(torch.from_numpy(np.stack([codes[i] for i in batch])))
-                slots_t = self._to_device(torch.tensor([slots[i] for i in batch]))
+                codes_t = self._to_device(torch.from_numpy(np.stack([codes[i] for i in batch])), self._vocoder_staging)
+                slots_t = self._to_device(torch.tensor([slots[i] for i in batch]), self._vocoder_staging)
                 decode = self.vocoder_graphs.decode if self.vocoder_graphs is not None else self.vocoder.decode
                 graphed = self.vocoder_graphs is not None  # a graph's output buffer is reused: copy it out
                 launched.append((batch, decode(codes_t, slots_t).to(torch.float32, copy=graphed)))
                 rows_run = self.vocoder_graphs.last_rows_run if self.vocoder_graphs is not None else len(batch)
                 self.vocode_calls += 1
                 self.vocode_frames_run += rows_run * codes_t.shape[-1]  # graph padding rows included
-        out: list[np.ndarray | None] = [None] * len(slots)
-        for batch, audio_t in launched:
-            audio = audio_t.cpu().numpy()
-            for j, i in enumerate(batch):
-                out[i] = audio[j]
-        if launched:
-            self._release_staging()  # the copies out synchronised the stream
-        return [a for a in out if a is not None]
+        return launched
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the engine's device without waiting for queued work: a blocking host→device copy
-        synchronises the stream first, which would serialise a turn's vocoder calls."""
-        if self._staging is None:
+    def _on_vocoder_stream(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(self.vocoder_stream) if self.vocoder_stream is not None else contextlib.nullcontext()
+
+    @staticmethod
+    def _to_device(t: torch.Tensor, staging: PinnedStaging | None) -> torch.Tensor:
+        """A host tensor on the engine's device through `staging` (None: on CPU, `t` itself) without waiting for
+        queued work: a blocking host→device copy synchronises the stream first (serialising a turn's vocoder calls)."""
+        if staging is None:
             return t
-        return self._staging.to_device(t)
+        return staging.to_device(t)
 
     def _release_staging(self) -> None:
         if self._staging is not None:
             self._staging.release()
+
+    def _release_vocoder_staging(self) -> None:
+        if self._vocoder_staging is not None:
+            self._vocoder_staging.release()
 
     # ---- reference voices ------------------------------------------------------------------------------------------
     def encode_reference(self, audio: np.ndarray, sample_rate_hz: int) -> np.ndarray:

@@ -165,12 +165,20 @@ class Worker:
         self._slow_logged_at = -float("inf")
         self._slow_unlogged = 0
         self._last_step_s = 0.0  # the backend's step call of the current turn (device work and its one sync)
+        self._collect_s = 0.0  # of the current turn: waiting for and posting the vocoder's audio inside the step call
         self._step_avg_s = 0.0  # running average of the step calls (the prefill time budget, prefill_step_share)
         self._prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
+        # vocoder calls launched this turn, in order: (their (stream, frames, advance) entries, what collects the
+        # audio); then what to run once all of it is posted (ended segments' events). Never kept across turns.
+        self._vocoding: list[tuple[list[tuple[Stream, int, bool]], Callable[[], list[np.ndarray]]]] = []
+        self._after_audio: list[tuple[Stream, Callable[[], None]]] = []
+        self._vocode_failures: list[tuple[Stream, Exception]] = []  # collected inside a step: failed after it
+        # the turn's vocoder work runs beside its prefill and decode step (BackendConfig.vocoder_overlap)
+        self.overlap_vocoder = backend.overlap_vocoder
 
     # ---- sessions ----------------------------------------------------------------------------------------------------
     def add(self, session: Session) -> None:
@@ -293,7 +301,15 @@ class Worker:
         )
 
     def turn(self) -> None:
-        """One scheduling turn (commands are applied by the caller before)."""
+        """One scheduling turn (commands are applied by the caller before).
+
+        Serial (`overlap_vocoder` off): start segments, prefill, step, then vocode the chunks the step completed and
+        the tails of segments that ended. Overlapped: start segments, queue the vocoder calls for the chunks the
+        previous turn's step completed (and its ended segments' tails) on the vocoder's stream, then prefill and
+        step on the default stream while they decode; their audio is posted as soon as the step is queued (before
+        the host waits for it). A chunk thus goes out at the same point of the device's work, and the turn lasts
+        about the longer of the two instead of their sum. A stream whose segment ended starts its next one a turn
+        later than serially (its tail's audio and events are posted within the turn after it ended)."""
         t0 = time.perf_counter()
         started = 0
         captured, eager = self.b.graphs_captured(), self.b.stepper.eager_prefills
@@ -301,29 +317,42 @@ class Worker:
             if st.phase is Phase.IDLE and st.pending and st.tail_utterance is None:
                 self._start_segment(st)
                 started += 1
+        calls = self.b.vocode_calls
         t1 = time.perf_counter()
+        if self.overlap_vocoder:
+            self._vocode_ready()
+            self._flush_ended()
+        launch_s = time.perf_counter() - t1
+        self._collect_s = 0.0
         self._prefill_step()
         t2 = time.perf_counter()
-        self.stats.prefill_s += t2 - t1
+        self.stats.prefill_s += t2 - t1 - launch_s
         rows = self.rows.active
         self._last_step_s = 0.0
         decoded = self._decode_step() if rows else False
+        for st, err in self._vocode_failures:
+            self._fail(st, err)
+        self._vocode_failures.clear()
         t3 = time.perf_counter()
-        calls = self.b.vocode_calls
-        self._vocode_ready()
-        self.outbox.flush()  # the chunks go out now, not after the segment tails below
+        self._collect_audio()  # overlapped: what no step collected (no rows decoding); serial: nothing
+        if not self.overlap_vocoder:
+            self._vocode_ready()
+            self._collect_audio()  # the chunks go out now, not after the segment tails below
         t4 = time.perf_counter()
-        self._flush_ended()
-        self.outbox.flush()
+        if not self.overlap_vocoder:
+            self._flush_ended()
+            self._collect_audio()
         self.stats.turns += 1
         t5 = time.perf_counter()
         turn_s = t5 - t0
         self.stats.turn_s += turn_s
         self.stats.turn_max_s = max(self.stats.turn_max_s, turn_s)
         if turn_s > SLOW_TURN_FRAMES * self.admission.frame_s:
+            vocode_s = launch_s + self._collect_s + t4 - t3  # overlapped: launching, and waiting for the audio
             phases = {
-                "starts": t1 - t0, "prefill": t2 - t1, "step": self._last_step_s,
-                "frames and segment ends": t3 - t2 - self._last_step_s, "vocode": t4 - t3, "tails": t5 - t4,
+                "starts": t1 - t0, "prefill": t2 - t1 - launch_s, "step": self._last_step_s,
+                "frames and segment ends": t3 - t2 - self._last_step_s - self._collect_s, "vocode": vocode_s,
+                "tails": t5 - t4,
             }  # fmt: skip
             counts = {
                 "segments started": started, "rows decoding": rows, "vocoder calls": self.b.vocode_calls - calls,
@@ -533,8 +562,9 @@ class Worker:
         if any(commit):
             bucket, _ = self.b.stepper.bucket_for(active, 0)
             t0 = time.perf_counter()
-            frames = self.b.step(active, commit, max(self.row_pos[:bucket]))
-            self._last_step_s = time.perf_counter() - t0
+            collect = self._collect_audio_in_step if self._vocoding else None
+            frames = self.b.step(active, commit, max(self.row_pos[:bucket]), collect)
+            self._last_step_s = time.perf_counter() - t0 - self._collect_s
             self._step_avg_s += PREFILL_SMOOTHING * (self._last_step_s - self._step_avg_s)
             self.stats.step_s += self._last_step_s
             self.stats.steps += 1
@@ -676,8 +706,9 @@ class Worker:
 
     def _flush_ended(self) -> None:
         """Vocode the queued frames of segments that ended, in chunk sizes with captured graphs: the k-th piece of
-        every such stream in one call (a burst of streams ending together costs a few calls, not a few per stream),
-        then post each segment's events. At most `max_tails_per_turn` segments a turn, driest clients first."""
+        every such stream in one call (a burst of streams ending together costs a few calls, not a few per stream);
+        each segment's events are posted after its audio (`_collect_audio`). At most `max_tails_per_turn` segments
+        a turn, driest clients first."""
         ended = list(self._ended.values())
         cap = self.limits.max_tails_per_turn
         if cap is not None and len(ended) > cap:
@@ -690,12 +721,11 @@ class Worker:
         pieces = {st.session.id: split_tail(len(st.vocoder_queue)) for st, _ in ended}
         for k in range(max((len(p) for p in pieces.values()), default=0)):
             self._vocode([(st, pieces[st.session.id][k], True) for st, _ in ended if k < len(pieces[st.session.id])])
-        for st, after_tail in ended:
-            if not st.closed:
-                after_tail()
+        self._after_audio += ended
 
     def _vocode(self, batch: list[tuple[Stream, int, bool]]) -> None:
-        """Vocode (stream, frames, advance the chunk schedule) entries in one backend call (none: no call)."""
+        """Launch the vocoding of (stream, frames, advance the chunk schedule) entries in one backend call (none: no
+        call); `_collect_audio` posts the audio."""
         batch = [entry for entry in batch if not entry[0].closed]
         if not batch:
             return
@@ -706,19 +736,53 @@ class Worker:
             del st.vocoder_queue[:size]
         t0 = time.perf_counter()
         try:
-            pcm = self.b.vocode(slots, codes)
+            collect = self.b.vocode_launch(slots, codes)
         except Exception as e:
             for st, _, _ in batch:
                 self._fail(st, e)
             return
+        finally:
+            self.stats.vocode_s += time.perf_counter() - t0
+        self._vocoding.append((batch, collect))
+
+    def _collect_audio_in_step(self) -> None:
+        """`_collect_audio` while the decode step runs: rows must not move before its frames are in, so a failed
+        call's streams fail after the step (turn)."""
+        t0 = time.perf_counter()
+        self._collect_audio(self._vocode_failures)
+        self._collect_s += time.perf_counter() - t0
+
+    def _collect_audio(self, failures: list[tuple[Stream, Exception]] | None = None) -> None:
+        """Post the audio of every vocoder call launched this turn, in launch order, then the ended segments'
+        events; a failed call fails its streams (now, or by adding them to `failures`)."""
+        t0 = time.perf_counter()
+        vocoding, self._vocoding = self._vocoding, []
+        for batch, collect in vocoding:
+            try:
+                pcm = collect()
+            except Exception as e:
+                for st, _, _ in batch:
+                    if failures is None:
+                        self._fail(st, e)
+                    else:
+                        failures.append((st, e))
+                continue
+            now = time.monotonic()
+            for (st, size, advance), audio in zip(batch, pcm, strict=True):
+                if st.closed:  # closed since the launch (its client stalled past the timeout in this turn's step)
+                    continue
+                st.chunk_index += advance  # a refill keeps the schedule's place
+                self.stats.vocoded_frames += size
+                st.count_sent_audio(len(audio), self.rate_hz, now)
+                utt = st.segment.utterance if st.segment is not None else st.history_utterance
+                self.outbox.post(st.session, AudioChunk(utt, audio))
         self.stats.vocode_s += time.perf_counter() - t0
-        now = time.monotonic()
-        for (st, size, advance), audio in zip(batch, pcm, strict=True):
-            st.chunk_index += advance  # a refill keeps the schedule's place
-            self.stats.vocoded_frames += size
-            st.count_sent_audio(len(audio), self.rate_hz, now)
-            utt = st.segment.utterance if st.segment is not None else st.history_utterance
-            self.outbox.post(st.session, AudioChunk(utt, audio))
+        self.outbox.flush()
+        after, self._after_audio = self._after_audio, []
+        for st, after_tail in after:
+            if not st.closed:
+                after_tail()
+        self.outbox.flush()
 
     # ---- rows --------------------------------------------------------------------------------------------------------
     def _apply_swaps(self, swaps: list[tuple[int, int]]) -> None:

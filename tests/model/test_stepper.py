@@ -220,6 +220,38 @@ def test_graphs_up_front_leaves_larger_buckets_and_first_frames_to_idle_capture(
     assert stepper.capture_all() == 4  # nothing left to capture
 
 
+def test_a_first_frame_capture_in_idle_time_runs_the_scratch_row_at_position_zero() -> None:
+    """First-frame graphs left to idle time (--graphs-up-front) are captured after real first frames went through
+    the static buffers, which still hold those rows' positions. The capture's runs must put the scratch row at
+    position 0 in every padded slot, not at a stale position past the shortest attention length: there the next decode
+    capture over the scratch row wrote out of range (a CUDA index assert on the H200, run 20; on a GPU which of the
+    duplicate writes lands is not defined). Stand-in recorder (no CUDA) noting the positions each capture runs with."""
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(model, 9, max_seq_len=64, max_batch=8, length_buckets=[16, 32], first_frame_scratch_row=8)
+    stepper.use_cuda_graphs = True
+    seen: list[list[int]] = []
+
+    def record(run):
+        if int(stepper._ff_rows[0]) == 8:  # a first-frame capture (its rows all the scratch row)
+            seen.append(stepper._ff_positions.tolist())
+        run()
+        return types.SimpleNamespace(replay=run)
+
+    stepper._record = record  # type: ignore[method-assign]
+    stepper.capture_all(max_batch=1)
+    prompts = [random_sequence(model, n, seed=n) for n in (40, 41)]
+    outs = [stepper.prefill(row, p, 0) for row, p in enumerate(prompts)]
+    logits, hidden = torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+    stepper.start_segments([0, 1], logits, hidden, [40, 41])  # bucket 2, captured on this first use
+    assert seen[-1][:2] == [0, 0] and [int(p) for p in stepper.pos[:2]] == [40, 41]
+    seen.clear()
+    while stepper.capture_next([41, 42] + [0] * 7):  # the decode buckets of length 16 and 32 must wait for rows 0, 1
+        pass
+    assert stepper.missing_first_frame_graphs() == [] and len(seen) == 2  # buckets 4 and 8
+    assert all(p == 0 for positions in seen for p in positions) and int(stepper.pos[8]) == 0
+    assert stepper._ff_positions[:2].tolist() == [40, 41]  # the buffers hold what the last real call put there
+
+
 def test_first_frames_sampled_together_equal_one_at_a_time() -> None:
     """start_segments draws each row's first frame exactly as start_segment would (batch-invariant layers, per-row
     parameters and noise), and leaves each row ready to decode."""

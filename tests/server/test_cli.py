@@ -181,6 +181,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--length-attention", "on"]).length_attention == "on"
     with pytest.raises(SystemExit, match="--length-attention must be auto, on or off"):
         parse_settings(["--length-attention", "yes"])
+    assert parse_settings([]).vocoder_overlap == "auto"
+    assert parse_settings(["--vocoder-overlap", "off"]).vocoder_overlap == "off"
+    with pytest.raises(SystemExit, match="--vocoder-overlap must be auto, on or off"):
+        parse_settings(["--vocoder-overlap", "1"])
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):
         parse_settings(["--vocoder-half-step-buckets", "yes"])

@@ -46,8 +46,8 @@ class NeverEnding(Backend):
     ) -> np.ndarray:
         return self._no_end(super().start_segments(rows, logits, hidden, next_positions))
 
-    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
-        return self._no_end(super().step(rows, commit, max_pos))
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int, while_running=None) -> np.ndarray:
+        return self._no_end(super().step(rows, commit, max_pos, while_running))
 
 
 # The embedded default before issue 6's voice shipped: random weights, dim 64, 2 layers, ~0.7 M parameters. Tests

@@ -38,11 +38,11 @@ class SlowNeverEnding(NeverEnding):
     step_s = STEP_S
     steps = 0
 
-    def step(self, rows: int, commit: Sequence[bool], max_pos: int) -> np.ndarray:
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int, while_running=None) -> np.ndarray:
         if self.slow_steps is None or self.steps < self.slow_steps:
             time.sleep(self.step_s)
         self.steps += 1
-        return super().step(rows, commit, max_pos)
+        return super().step(rows, commit, max_pos, while_running)
 
 
 class SlowThenFast(SlowNeverEnding):

@@ -247,6 +247,59 @@ def test_prefill_through_static_buffers_changes_nothing_alone_or_under_load() ->
         assert np.array_equal(solo.pcm, other.pcm)
 
 
+def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> None:
+    """vocoder_overlap (the GPU default: a turn queues the chunks its previous step completed on the vocoder's own
+    stream, then prefills and steps while they decode; on CPU the same order, run in sequence): a seeded session
+    with three segments beside four others gives the same codes, PCM and chunk sizes as the serial turn, and each
+    segment's end still follows exactly its own audio."""
+
+    def overlapped(config: BackendConfig) -> Backend:
+        return Backend(dataclasses.replace(config, vocoder_overlap=True))
+
+    async def ordered(session) -> list[tuple[str, int]]:
+        events = []
+        while True:
+            ev = await asyncio.wait_for(session.next_event(), 60)
+            if isinstance(ev, AudioChunk):
+                events.append(("audio", len(ev.pcm)))
+            elif isinstance(ev, SegmentDone):
+                events.append(("segment", ev.codes.shape[1] * 2048))
+            elif isinstance(ev, UtteranceDone):
+                return events
+            else:
+                raise AssertionError(f"unexpected {ev!r}")
+
+    async def run(factory):
+        with running_engine(max_sessions=6, backend_factory=factory) as engine:
+            assert engine._worker.overlap_vocoder is (factory is overlapped)
+            others = [engine.open_session(Voice(), SynthesisSettings(seed=i)) for i in range(4)]
+            for i, o in enumerate(others):
+                o.speak(f"Speaker {i} " + "says a little more. " * (i + 1))
+                o.end_utterance()
+            target = engine.open_session(Voice(), SETTINGS)
+            for text in (*TEXTS, "And a third one ends it."):
+                target.speak(text)
+            target.end_utterance()
+            events = await ordered(target)
+            rest = await asyncio.gather(*(collect(o) for o in others))
+            return events, rest
+
+    serial, serial_rest = asyncio.run(run(Backend))
+    overlap, overlap_rest = asyncio.run(run(overlapped))
+    assert serial == overlap  # the same chunks in the same order, segment ends at the same places
+    assert sum(1 for kind, _ in serial if kind == "segment") == 3
+    audio = 0
+    for kind, samples in overlap:
+        if kind == "audio":
+            audio += samples
+        else:
+            audio -= samples
+            assert audio == 0, "a segment's end arrived before all of its audio, or after the next one's"
+    for a, b in zip(serial_rest, overlap_rest, strict=True):  # seeded others: their codes and PCM are equal too
+        assert b.done is not None and not b.errors
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+
+
 @pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
 def test_engine_reproduces_upstream_greedy_frames_and_ends_on_the_end_token(tmp_path) -> None:
     """Through the whole engine (reference voice prompt, prefill, batched steps): upstream's greedy frames."""
@@ -632,9 +685,11 @@ def test_prompts_arriving_together_are_prefilled_in_one_batch() -> None:
         assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
 
 
-def test_segments_ending_together_share_their_tail_vocoder_calls() -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "vocoder_overlap"])
+def test_segments_ending_together_share_their_tail_vocoder_calls(overlap: bool) -> None:
     """Three streams admitted in one turn decode in lockstep and end on the same frame (13 = chunks of 4 + 4, tail
-    4 + 1): each tail piece of all three goes in one vocoder call, and every event still follows its audio."""
+    4 + 1): each tail piece of all three goes in one vocoder call, and every event still follows its audio. The same
+    with the vocoder's calls moved to the start of the next turn (vocoder_overlap)."""
     calls: list[tuple[list[int], list[int]]] = []  # (slots, frames of each) per backend call
 
     class Recording(NeverEnding):
@@ -642,8 +697,12 @@ def test_segments_ending_together_share_their_tail_vocoder_calls() -> None:
             calls.append((list(slots), [c.shape[1] for c in codes]))
             return super().vocode(slots, codes)
 
+    def factory(config: BackendConfig) -> Backend:
+        return Recording(dataclasses.replace(config, vocoder_overlap=overlap))
+
     settings = [SynthesisSettings(seed=i, max_new_tokens=13) for i in range(3)]
-    with running_engine(warm_up=False, backend_factory=Recording) as engine:
+    with running_engine(warm_up=False, backend_factory=factory) as engine:
+        assert engine._worker.overlap_vocoder is overlap
         utterances = asyncio.run(speak_together(engine, settings, ["Ending together."] * 3))
     assert [frames for _, frames in calls] == [[4] * 3, [4] * 3, [4] * 3, [1] * 3], calls
     for utt in utterances:

@@ -101,7 +101,8 @@ def test_length_attention_engine_decodes_at_one_length_and_streams() -> None:
             ]
             outs = await asyncio.gather(*(speak(s, *TEXTS) for s in sessions))
             parts = sum(v for k, v in b.timings_s.items() if k.startswith("capture_") and k != "capture_graphs")
-            assert {"capture_decode_static", "capture_first_frames"} <= set(b.timings_s)  # start-up's capture split
+            # start-up's capture split (decode_eager here: the tests' engines compile nothing)
+            assert "capture_first_frames" in b.timings_s and any(k.startswith("capture_decode_") for k in b.timings_s)
             assert 0 < parts <= b.timings_s["capture_graphs"]
             return b.stepper.length_buckets, b.stepper.prefill_length_buckets, len(b.stepper._graphs), outs
 
