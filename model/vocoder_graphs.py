@@ -73,6 +73,11 @@ class GraphedVocoder:
         self.reroute = reroute
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        # Warm-ups and captures run on a stream of their own. torch.cuda.graph's default capture stream is shared by
+        # every graph of the process, and cuBLAS's workspace is chosen by the capturing stream and baked into the
+        # graph: a vocoder graph replayed beside a decode step (Backend.vocoder_stream) would then share the step's
+        # workspace. A high-priority stream: torch's pool never hands it out as the default capture stream.
+        self._capture_stream = torch.cuda.Stream(priority=-1)
         self.replay_ms: dict[tuple[int, int], float] = {}  # each captured graph's replay time
         self.last_rows_run = 0  # rows the last decode ran, padding included (for the caller's accounting)
         self.rerouted_calls = 0  # calls run on another bucket's graph than their own (`plan`)
@@ -95,7 +100,7 @@ class GraphedVocoder:
         spare = torch.arange(self.n_sessions, self.n_sessions + bucket, device=device)
         slots = spare.clone()
         saved = self.decoder.state[spare].clone()
-        stream = torch.cuda.Stream()
+        stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
         benchmark = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = benchmark or self.cudnn_benchmark
@@ -106,7 +111,7 @@ class GraphedVocoder:
                         self.decoder.decode(codes, slots)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
                     out = self.decoder.decode(codes, slots)
         finally:
             torch.backends.cudnn.benchmark = benchmark
