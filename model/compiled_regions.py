@@ -99,7 +99,7 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
         symbolic = _state.symbolic_batch
         if not _options["static_shapes"]:
             for index, dims in (dynamic_dims or {}).items():
-                for dim in dims:
+                for dim in dims if index < len(args) and isinstance(args[index], torch.Tensor) else ():
                     torch._dynamo.maybe_mark_dynamic(args[index], dim)
             if symbolic is not None:
                 for a in (*args, *kwargs.values()):

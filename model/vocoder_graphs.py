@@ -55,13 +55,16 @@ class GraphedVocoder:
         compile_backend: str | None = None,
         cudnn_benchmark: bool = False,
         reroute: bool = True,
+        chunk_merging: bool = False,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing): each (bucket, frames) graph captures the
         chunk decode compiled by torch.compile (model.compiled_regions) instead of eager PyTorch.
         `cudnn_benchmark`: cuDNN times its algorithms for each conv shape while a graph is captured (seconds per
         graph) instead of trusting its heuristic, which gave two of the channels-last layout's dilated convs a 92 ms
         kernel at 64 × 24 frames on an H200 (run 15: 274 → 87 ms a call). `reroute=False`: every call runs its own
-        bucket's graph (batch-invariant decoding must not change kernels with the load)."""
+        bucket's graph (batch-invariant decoding must not change kernels with the load). `chunk_merging`: the graphs
+        take each row's valid frames too (`StreamingDecoder.decode(valid=)`), so chunks of several lengths share a
+        call; `decode` then needs `valid`."""
         if decoder.max_slots < n_sessions + max(batch_buckets) - 1:
             raise ValueError("the streaming decoder needs spare slots for padding rows (max_slots ≥ 2·n_sessions)")
         self.decoder = decoder
@@ -71,7 +74,11 @@ class GraphedVocoder:
         self.compile_backend = compile_backend
         self.cudnn_benchmark = cudnn_benchmark
         self.reroute = reroute
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.chunk_merging = chunk_merging
+        # (bucket, frames) → (graph, its static codes, slots, valid frames or None, audio)
+        self._graphs: dict[
+            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
+        ] = {}
         self._pool = torch.cuda.graph_pool_handle()
         # Warm-ups and captures run on a stream of their own. torch.cuda.graph's default capture stream is shared by
         # every graph of the process, and cuBLAS's workspace is chosen by the capturing stream and baked into the
@@ -99,6 +106,7 @@ class GraphedVocoder:
         codes = torch.zeros(bucket, self.rows, frames, dtype=torch.int64, device=device)
         spare = torch.arange(self.n_sessions, self.n_sessions + bucket, device=device)
         slots = spare.clone()
+        valid = torch.full((bucket,), frames, dtype=torch.long, device=device) if self.chunk_merging else None
         saved = self.decoder.state[spare].clone()
         stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
@@ -108,17 +116,17 @@ class GraphedVocoder:
             with compiled(self.compile_backend):
                 with torch.cuda.stream(stream):
                     for _ in range(2):  # warm-up; the first call also compiles, when compiling (and times convs)
-                        self.decoder.decode(codes, slots)
+                        self.decoder.decode(codes, slots, valid)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                    out = self.decoder.decode(codes, slots)
+                    out = self.decoder.decode(codes, slots, valid)
         finally:
             torch.backends.cudnn.benchmark = benchmark
         self.captures += 1
         self.replay_ms[(bucket, frames)] = _time_replays(graph)  # on the spare slots, whose state is restored next
         self.decoder.state[spare] = saved
-        self._graphs[(bucket, frames)] = (graph, codes, slots, out)
+        self._graphs[(bucket, frames)] = (graph, codes, slots, valid, out)
 
     def plan(self, batch: int, frames: int) -> tuple[int, int]:
         """(bucket, replays) for a call of `batch` rows (see `cheapest_plan`); only captured graphs are candidates."""
@@ -136,10 +144,13 @@ class GraphedVocoder:
         return bucket, replays
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """codes (B, rows, F) and slots (B,) on the device → audio (B, F·spf), via the cheapest captured graph (its own
         bucket's, captured now if missing, unless `plan` finds a faster one). The audio may be a view of a graph's
-        static output, overwritten by the next call of the same shape: copy it to keep it."""
+        static output, overwritten by the next call of the same shape: copy it to keep it. `valid` (B,): each row's
+        frames that count (`StreamingDecoder.decode`), given exactly when the graphs were built for `chunk_merging`."""
+        if (valid is not None) != self.chunk_merging:
+            raise ValueError("valid frames go with chunk_merging graphs, and only with them")
         batch, _, frames = codes.shape
         own = self.bucket(batch)
         if (own, frames) not in self._graphs:
@@ -148,15 +159,21 @@ class GraphedVocoder:
         self.last_rows_run = bucket * replays
         self.rerouted_calls += bucket != own
         if replays == 1:
-            return self._replay(bucket, codes, slots)
-        pieces = range(0, batch, bucket)
-        return torch.cat([self._replay(bucket, codes[i : i + bucket], slots[i : i + bucket]).clone() for i in pieces])
+            return self._replay(bucket, codes, slots, valid)
+        pieces = [(i, valid[i : i + bucket] if valid is not None else None) for i in range(0, batch, bucket)]
+        return torch.cat(
+            [self._replay(bucket, codes[i : i + bucket], slots[i : i + bucket], v).clone() for i, v in pieces]
+        )
 
-    def _replay(self, bucket: int, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        graph, codes_in, slots_in, out = self._graphs[(bucket, codes.shape[-1])]
+    def _replay(
+        self, bucket: int, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None
+    ) -> torch.Tensor:
+        graph, codes_in, slots_in, valid_in, out = self._graphs[(bucket, codes.shape[-1])]
         batch = codes.shape[0]
         codes_in[:batch].copy_(codes)
         slots_in[:batch].copy_(slots)
+        if valid_in is not None and valid is not None:
+            valid_in[:batch].copy_(valid)  # padding rows: whatever is there (they run on spare slots)
         if bucket > batch:  # padding rows write to spare slots nobody owns
             slots_in[batch:].copy_(torch.arange(self.n_sessions, self.n_sessions + bucket - batch, device=slots.device))
         graph.replay()

@@ -82,12 +82,18 @@ class Settings:
                   "on for a CUDA GPU with Triton unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
     vocoder_overlap: str = field(
-        default="auto",
-        metadata={"help": "auto | on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill "
-                  "and decode step instead of after the step, so a turn lasts about the longer of the two, not their "
-                  "sum (H200 run 19 at 300 streams: step 11-13 ms and vocoder 12-15 ms of a 34-38 ms turn). auto = "
-                  "on for a GPU with CUDA graphs; off = the vocoder after the step (a stream's next segment then "
-                  "starts one turn sooner)"},
+        default="off",
+        metadata={"help": "on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill and "
+                  "decode step instead of after the step (H200 run 20 at ~297 streams: step + vocoder 25 -> 20 ms a "
+                  "turn, the whole turn 33-35 -> 32-33 ms; first audio within run-to-run spread; measured once). A "
+                  "stream's next segment then starts one turn later"},
+    )  # fmt: skip
+    vocoder_merge_padding: int = field(
+        default=0,
+        metadata={"help": "row-frames of padding a turn's vocoder may spend to merge chunks of different lengths into "
+                  "one call (the shorter ones padded and cut again): fewer calls of the vocoder's ~2 ms fixed cost "
+                  "(H200 run 17; a turn at 300 streams made 2.8 calls). 0 = off, one call per chunk length; ~64 is "
+                  "the break-even of run 17's costs; not measured end to end yet"},
     )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,
@@ -269,6 +275,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
     if settings.admission_turn_fraction is not None and not 0 < settings.admission_turn_fraction <= 2:
         raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
+    if settings.vocoder_merge_padding < 0:
+        raise SystemExit("fishgate: --vocoder-merge-padding must be at least 0 (0: off)")
     if settings.admission_per_turn is not None and settings.admission_per_turn < 1:
         raise SystemExit("fishgate: --admission-per-turn must be at least 1 (leave it out for no cap)")
     if settings.prefill_step_share is not None and not 0 < settings.prefill_step_share <= 16:

@@ -35,7 +35,7 @@ from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
-from .chunking import all_chunk_sizes
+from .chunking import all_chunk_sizes, call_groups
 from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
 
 log = logging.getLogger(__name__)
@@ -139,11 +139,15 @@ class BackendConfig:
     vocoder_half_step_buckets: bool = False
     # the vocoder decodes on its own CUDA stream beside the next turn's prefill and decode step, instead of after
     # the step on the same stream (streaming.worker: a turn queues the chunks its previous step completed, then
-    # prefills and steps while they decode, and collects the audio before it waits for the step). Both are
-    # latency-bound at these sizes (H200 run 19 at ~300 streams: step 11-13 ms, vocoder 12-15 ms of a 34-38 ms
-    # turn, one after the other). None = on for CUDA-graph engines, off elsewhere; on CPU, on only moves the
-    # vocoder's place in the turn (the equivalence tests run it there)
-    vocoder_overlap: bool | None = None
+    # prefills and steps while they decode, and collects the audio before it waits for the step). H200 run 20 at
+    # ~297 streams: step + vocoder 24.8-26.5 → 19.6 ms a turn, the turn 33-35 → 32-33 ms (prefill, staging and
+    # posting stay serial), first audio and underruns within run-to-run spread; one run, so off by default. On a
+    # CPU (no stream) it only moves the vocoder's place in the turn (the equivalence tests run it there)
+    vocoder_overlap: bool = False
+    # a turn's vocoder chunks of different lengths share calls, the shorter ones padded (streaming.chunking
+    # `call_groups`), where that pads at most this many row-frames a merge: fewer calls of the vocoder's ~2 ms fixed
+    # cost (H200 run 17). 0 = off (one call per chunk length, as measured so far); not yet measured on a GPU
+    vocoder_merge_padding: int = 0
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
     # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
@@ -270,7 +274,11 @@ class Backend:
             max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
             channels_last=config.vocoder_channels_last and self.device.type == "cuda",
         )
-        self.overlap_vocoder = graphs if config.vocoder_overlap is None else config.vocoder_overlap
+        self.overlap_vocoder = config.vocoder_overlap
+        # batch-invariant engines vocode slot by slot: nothing to merge
+        self.merge_padding = 0 if self.batch_invariant else config.vocoder_merge_padding
+        if self.merge_padding < 0:
+            raise ValueError("vocoder_merge_padding must be at least 0 (0: off)")
         self.vocoder_stream = (
             torch.cuda.Stream(self.device) if self.overlap_vocoder and self.device.type == "cuda" else None
         )
@@ -282,6 +290,7 @@ class Backend:
                 compile_backend="inductor" if self.compile_vocoder else None,
                 cudnn_benchmark=self.vocoder.channels_last and config.vocoder_autotune,
                 reroute=not self.batch_invariant,
+                chunk_merging=self.merge_padding > 0,
             )  # fmt: skip
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self._prefix_tokens: collections.OrderedDict[bytes, torch.Tensor] = collections.OrderedDict()
@@ -422,17 +431,14 @@ class Backend:
 
     @torch.inference_mode()
     def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Continue each slot's audio with its codes (nc, F); one batched call per distinct F (per slot when
-        batch-invariant). Returns float32 PCM arrays (F·samples_per_frame,). Waits for the audio."""
+        """Continue each slot's audio with its codes (nc, F); one batched call per chunk length (per slot when
+        batch-invariant; lengths merged by `merge_padding`). Returns float32 PCM arrays (F·samples_per_frame,).
+        Waits for the audio."""
         launched = self._launch_vocode(slots, codes)
-        out: list[np.ndarray | None] = [None] * len(slots)
-        for batch, audio_t in launched:
-            audio = audio_t.cpu().numpy()
-            for j, i in enumerate(batch):
-                out[i] = audio[j]
+        out = self._audio_out(codes, [(batch, audio_t.cpu().numpy()) for batch, audio_t in launched])
         if launched and self._vocoder_in_flight == 0:
             self._release_vocoder_staging()  # the copies out synchronised the stream
-        return [a for a in out if a is not None]
+        return out
 
     def vocode_launch(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> Callable[[], list[np.ndarray]]:
         """`vocode` without waiting: queues the calls and returns what collects their audio. With `vocoder_stream`
@@ -446,44 +452,58 @@ class Backend:
         with torch.inference_mode(), torch.cuda.stream(stream):
             launched = self._launch_vocode(slots, codes)
         self._vocoder_in_flight += 1
-        n = len(slots)
 
         def collect() -> list[np.ndarray]:
             # Copied out into ordinary memory, waiting on the vocoder's stream only. The first version copied into
             # fresh pinned memory without blocking (one event per launch): H200 run 20 call 2 then stalled one turn
-            # for 15.7 s at 300 streams. Not isolated; the suspect was a pinned block held by every posted chunk.
-            out: list[np.ndarray | None] = [None] * n
+            # for 15.7 s at 300 streams (the shared cuBLAS workspace of call 3, probably; not isolated).
             with torch.cuda.stream(stream):
-                for batch, audio_t in launched:
-                    audio = audio_t.cpu().numpy()
-                    for j, i in enumerate(batch):
-                        out[i] = audio[j]
+                out = self._audio_out(codes, [(batch, audio_t.cpu().numpy()) for batch, audio_t in launched])
             self._vocoder_in_flight -= 1
             if self._vocoder_in_flight == 0:
                 self._release_vocoder_staging()  # every staged copy of every launch has been read
-            return [a for a in out if a is not None]
+            return out
 
         return collect
 
+    def _audio_out(self, codes: Sequence[np.ndarray], calls: list[tuple[list[int], np.ndarray]]) -> list[np.ndarray]:
+        """Each chunk's audio, in the order of `codes`, from the calls' (chunk indices, audio rows): a chunk padded
+        to its call's length keeps its own frames' samples only."""
+        spf = self.info.samples_per_frame
+        out: list[np.ndarray | None] = [None] * len(codes)
+        for batch, audio in calls:
+            for j, i in enumerate(batch):
+                out[i] = audio[j, : codes[i].shape[1] * spf]
+        return [a for a in out if a is not None]
+
     def _launch_vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
         """Queue the calls of `vocode` on the current stream: (indices into slots, audio on the device) per call."""
-        groups: dict[int, list[int]] = {}
-        for i, c in enumerate(codes):
-            groups.setdefault(c.shape[1], []).append(i)
+        step = 1 if self.batch_invariant else self.vocoder_batch
+        sizes = [c.shape[1] for c in codes]
         # every call is launched before the first result is read, so the device runs them back to back and the
         # turn waits once; each result is copied out at once (a graph's output is overwritten by its next replay)
         launched: list[tuple[list[int], torch.Tensor]] = []
-        for members in groups.values():
-            step = 1 if self.batch_invariant else self.vocoder_batch
+        for frames, members in call_groups(sizes, self.merge_padding, step):
             for batch in (members[k : k + step] for k in range(0, len(members), step)):
-                codes_t = self._to_device(torch.from_numpy(np.stack([codes[i] for i in batch])), self._vocoder_staging)
+                stacked = np.zeros((len(batch), codes[batch[0]].shape[0], frames), dtype=codes[batch[0]].dtype)
+                for j, i in enumerate(batch):  # a shorter chunk is padded with code 0 (its audio is cut off again)
+                    stacked[j, :, : sizes[i]] = codes[i]
+                codes_t = self._to_device(torch.from_numpy(stacked), self._vocoder_staging)
                 slots_t = self._to_device(torch.tensor([slots[i] for i in batch]), self._vocoder_staging)
-                decode = self.vocoder_graphs.decode if self.vocoder_graphs is not None else self.vocoder.decode
-                graphed = self.vocoder_graphs is not None  # a graph's output buffer is reused: copy it out
-                launched.append((batch, decode(codes_t, slots_t).to(torch.float32, copy=graphed)))
-                rows_run = self.vocoder_graphs.last_rows_run if self.vocoder_graphs is not None else len(batch)
+                valid_t = (
+                    self._to_device(torch.tensor([sizes[i] for i in batch]), self._vocoder_staging)
+                    if self.merge_padding > 0
+                    else None
+                )
+                if self.vocoder_graphs is not None:  # a graph's output buffer is reused: copy it out
+                    audio = self.vocoder_graphs.decode(codes_t, slots_t, valid_t).to(torch.float32, copy=True)
+                    rows_run = self.vocoder_graphs.last_rows_run
+                else:
+                    audio = self.vocoder.decode(codes_t, slots_t, valid_t).to(torch.float32)
+                    rows_run = len(batch)
+                launched.append((batch, audio))
                 self.vocode_calls += 1
-                self.vocode_frames_run += rows_run * codes_t.shape[-1]  # graph padding rows included
+                self.vocode_frames_run += rows_run * frames  # graph padding rows and padded frames included
         return launched
 
     def _on_vocoder_stream(self) -> contextlib.AbstractContextManager:

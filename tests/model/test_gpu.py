@@ -216,6 +216,30 @@ def test_rerouted_vocoder_calls_equal_their_own_bucket(monkeypatch: pytest.Monke
         assert (got - reference).abs().max() <= 1e-4 * reference.abs().max(), plan
 
 
+def test_merged_chunk_lengths_in_vocoder_graphs_equal_unpadded_eager_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GraphedVocoder(chunk_merging=True): chunks of 8, 3 and 5 frames in one 8-frame graph replay (the short ones
+    padded), three turns in a row, give each slot the audio of its own unpadded eager call, fp32, state included."""
+    from model.vocoder_graphs import GraphedVocoder
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    codec = random_codec("cuda", torch.float32)
+    spf = codec.config.samples_per_frame
+    graphed = GraphedVocoder(StreamingDecoder(copy.deepcopy(codec), max_slots=16), 8, [4], chunk_merging=True)
+    eager = StreamingDecoder(copy.deepcopy(codec), max_slots=16)
+    slots = torch.tensor([5, 0, 2], device="cuda")
+    for lengths in ([8, 3, 5], [1, 8, 2], [4, 4, 8]):
+        chunk = torch.randint(0, 1000, (3, codec.config.rows, 8), generator=gen, device="cuda")
+        got = graphed.decode(chunk, slots, torch.tensor(lengths, device="cuda")).clone()
+        for i, n in enumerate(lengths):
+            want = eager.decode(chunk[i : i + 1, :, :n], slots[i : i + 1])
+            assert (got[i, : n * spf] - want[0]).abs().max() <= 1e-4 * max(want.abs().max(), 1e-3), (lengths, i)
+    assert (graphed.decoder.state[slots] - eager.state[slots]).abs().max() <= 1e-4 * eager.state.abs().max()
+    with pytest.raises(ValueError, match="valid frames go with chunk_merging graphs"):
+        graphed.decode(chunk, slots)
+
+
 @torch.no_grad()
 def test_batched_prefill_on_gpu_matches_row_by_row() -> None:
     """The engine's GPU prefill path (prefill_many: one SDPA pass over right-padded prompts) against one prefill per

@@ -181,10 +181,14 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--length-attention", "on"]).length_attention == "on"
     with pytest.raises(SystemExit, match="--length-attention must be auto, on or off"):
         parse_settings(["--length-attention", "yes"])
-    assert parse_settings([]).vocoder_overlap == "auto"
-    assert parse_settings(["--vocoder-overlap", "off"]).vocoder_overlap == "off"
-    with pytest.raises(SystemExit, match="--vocoder-overlap must be auto, on or off"):
+    assert parse_settings([]).vocoder_overlap == "off"
+    assert parse_settings(["--vocoder-overlap", "on"]).vocoder_overlap == "on"
+    with pytest.raises(SystemExit, match="--vocoder-overlap must be on or off"):
         parse_settings(["--vocoder-overlap", "1"])
+    assert parse_settings([]).vocoder_merge_padding == 0
+    assert parse_settings(["--vocoder-merge-padding", "64"]).vocoder_merge_padding == 64
+    with pytest.raises(SystemExit, match="--vocoder-merge-padding must be at least 0"):
+        parse_settings(["--vocoder-merge-padding", "-1"])
     assert parse_settings([]).vocoder_half_step_buckets == "off"
     with pytest.raises(SystemExit, match="--vocoder-half-step-buckets must be on or off"):
         parse_settings(["--vocoder-half-step-buckets", "yes"])
