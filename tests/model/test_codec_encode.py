@@ -82,7 +82,11 @@ def test_encode_batch_and_shape(fs):
     codes = codec.encode(pair)
     assert codes.dtype == torch.int64
     assert codes.shape == (2, codec.config.rows, -(-(30000 // 512) // 4))
-    assert torch.equal(codes[0:1], codec.encode(audio))
+    # batched equals solo but for codes at a rounding edge (MIN_CODE_AGREEMENT's reason): CPU convolutions round
+    # differently at batch 2 and 1 (one of firefly_tiny_r2's 120 codes at one thread on an AMD EPYC, 2026-12-02)
+    solo = codec.encode(audio)
+    assert (codes[0:1] == solo).float().mean() >= 0.99
+    assert (codes[1:2] == solo).float().mean() < 0.5  # the rows really are the two signals
     assert ((codes >= 0) & (codes < codec.config.codebook_size)).all()
     with pytest.raises(ValueError, match="at least"):
         codec.encode(audio[:, :100])
