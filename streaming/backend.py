@@ -202,6 +202,7 @@ class Backend:
         auto = config.length_attention is None and config.cuda_graphs
         self.length_attention = kernel_runs and bool(config.length_attention or auto)
         if self.length_attention:  # on a GPU it was never run on, the kernel proves itself before it is used
+            t_check = time.perf_counter()
             c = self.model.config
             problem = decode_attention.self_check(self.device, dtype, c.dim // c.n_head, c.n_head // c.n_local_heads)
             if problem is not None and not auto:
@@ -209,7 +210,9 @@ class Backend:
             if problem is not None:  # the default must never be what stops a start
                 log.warning("the length-aware decode attention is off on this GPU (its self-check: %s)", problem)
                 self.length_attention = False
+            self.timings_s["load_weights_kernel_check"] = time.perf_counter() - t_check
         self.model.use_length_attention(self.length_attention)
+        t1 = time.perf_counter()
         # the codec decodes in fp32 on CPU and bf16 on GPU; the encoder (references) always runs fp32
         self.codec = load_codec(folder, device=self.device, dtype=dtype, with_encoder=False)
         self._encoder_folder = folder
@@ -217,6 +220,10 @@ class Backend:
         self._encoder_lock = threading.Lock()
         self._encoder_stream: torch.cuda.Stream | None = None
         self.timings_s["load_weights"] = time.perf_counter() - t0
+        # its parts: the DualAR with the attention kernel's self-check (two Triton compiles on a first start), the
+        # codec (run 20: 6.6-10.5 s in all for the full-size model on an H200, unexplained so far)
+        self.timings_s["load_weights_dual_ar"] = t1 - t0
+        self.timings_s["load_weights_codec"] = self.timings_s["load_weights"] - (t1 - t0)
 
         meta = _read_metadata(folder)
         c = self.model.config
