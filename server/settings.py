@@ -92,8 +92,9 @@ class Settings:
         default=0,
         metadata={"help": "row-frames of padding a turn's vocoder may spend to merge chunks of different lengths into "
                   "one call (the shorter ones padded and cut again): fewer calls of the vocoder's ~2 ms fixed cost "
-                  "(H200 run 17; a turn at 300 streams made 2.8 calls). 0 = off, one call per chunk length; ~64 is "
-                  "the break-even of run 17's costs; not measured end to end yet"},
+                  "(H200 run 17; a turn at 300 streams made 2.8 calls). 0 = off, one call per chunk length; 32 is the "
+                  "best of run 17's shape costs (bench/vocoder_merge_model.py: 7.7 -> 6.6 ms of vocoder a turn at 300 "
+                  "streams); not measured end to end yet"},
     )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,

@@ -186,7 +186,7 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     with pytest.raises(SystemExit, match="--vocoder-overlap must be on or off"):
         parse_settings(["--vocoder-overlap", "1"])
     assert parse_settings([]).vocoder_merge_padding == 0
-    assert parse_settings(["--vocoder-merge-padding", "64"]).vocoder_merge_padding == 64
+    assert parse_settings(["--vocoder-merge-padding", "32"]).vocoder_merge_padding == 32
     with pytest.raises(SystemExit, match="--vocoder-merge-padding must be at least 0"):
         parse_settings(["--vocoder-merge-padding", "-1"])
     assert parse_settings([]).vocoder_half_step_buckets == "off"
