@@ -307,9 +307,10 @@ class Worker:
         the tails of segments that ended. Overlapped: start segments, queue the vocoder calls for the chunks the
         previous turn's step completed (and its ended segments' tails) on the vocoder's stream, then prefill and
         step on the default stream while they decode; their audio is posted as soon as the step is queued (before
-        the host waits for it). A chunk thus goes out at the same point of the device's work, and the turn lasts
-        about the longer of the two instead of their sum. A stream whose segment ended starts its next one a turn
-        later than serially (its tail's audio and events are posted within the turn after it ended)."""
+        the host waits for it). A chunk thus goes out at the same point of the device's work, and the device runs the
+        two side by side (H200 run 20 at ~297 streams: step + vocoder 25 → 20 ms a turn; they share the GPU). A stream
+        whose segment ended starts its next one a turn later than serially (its tail's audio and events are posted
+        within the turn after it ended)."""
         t0 = time.perf_counter()
         started = 0
         captured, eager = self.b.graphs_captured(), self.b.stepper.eager_prefills
