@@ -282,10 +282,10 @@ class Backend:
             channels_last=config.vocoder_channels_last and self.device.type == "cuda",
         )
         self.overlap_vocoder = config.vocoder_overlap
+        if config.vocoder_merge_padding < 0:
+            raise ValueError("vocoder_merge_padding must be at least 0 (0: off)")
         # batch-invariant engines vocode slot by slot: nothing to merge
         self.merge_padding = 0 if self.batch_invariant else config.vocoder_merge_padding
-        if self.merge_padding < 0:
-            raise ValueError("vocoder_merge_padding must be at least 0 (0: off)")
         self.vocoder_stream = (
             torch.cuda.Stream(self.device) if self.overlap_vocoder and self.device.type == "cuda" else None
         )
@@ -442,7 +442,7 @@ class Backend:
         batch-invariant; lengths merged by `merge_padding`). Returns float32 PCM arrays (F·samples_per_frame,).
         Waits for the audio."""
         launched = self._launch_vocode(slots, codes)
-        out = self._audio_out(codes, [(batch, audio_t.cpu().numpy()) for batch, audio_t in launched])
+        out = self._audio_out(codes, launched)
         if launched and self._vocoder_in_flight == 0:
             self._release_vocoder_staging()  # the copies out synchronised the stream
         return out
@@ -465,7 +465,7 @@ class Backend:
             # fresh pinned memory without blocking (one event per launch): H200 run 20 call 2 then stalled one turn
             # for 15.7 s at 300 streams (the shared cuBLAS workspace of call 3, probably; not isolated).
             with torch.cuda.stream(stream):
-                out = self._audio_out(codes, [(batch, audio_t.cpu().numpy()) for batch, audio_t in launched])
+                out = self._audio_out(codes, launched)
             self._vocoder_in_flight -= 1
             if self._vocoder_in_flight == 0:
                 self._release_vocoder_staging()  # every staged copy of every launch has been read
@@ -473,12 +473,13 @@ class Backend:
 
         return collect
 
-    def _audio_out(self, codes: Sequence[np.ndarray], calls: list[tuple[list[int], np.ndarray]]) -> list[np.ndarray]:
-        """Each chunk's audio, in the order of `codes`, from the calls' (chunk indices, audio rows): a chunk padded
-        to its call's length keeps its own frames' samples only."""
+    def _audio_out(self, codes: Sequence[np.ndarray], calls: list[tuple[list[int], torch.Tensor]]) -> list[np.ndarray]:
+        """Each chunk's audio, in the order of `codes`, from the launched calls' (chunk indices, audio rows), copied to
+        the host (a wait on the current stream): a chunk padded to its call's length keeps its own frames' samples."""
         spf = self.info.samples_per_frame
         out: list[np.ndarray | None] = [None] * len(codes)
-        for batch, audio in calls:
+        for batch, audio_t in calls:
+            audio = audio_t.cpu().numpy()
             for j, i in enumerate(batch):
                 out[i] = audio[j, : codes[i].shape[1] * spf]
         return [a for a in out if a is not None]
