@@ -7,6 +7,7 @@ mmap-ed file, so a full-size load never needs twice the model's size in RAM. Loa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,11 @@ def load_dual_ar(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     max_seq_len: int | None = None,
+    timings_s: dict[str, float] | None = None,
 ) -> LoadedDualAR:
-    """Load the text→semantic model of a checkpoint folder. `max_seq_len` may lower the context (saves memory)."""
+    """Load the text→semantic model of a checkpoint folder. `max_seq_len` may lower the context (saves memory).
+    `timings_s` receives the seconds spent reading (mmap, key check, tokenizer) and moving the weights to the device."""
+    t0 = time.perf_counter()
     folder = Path(folder)
     if not (folder / CONFIG_JSON).is_file():
         raise CheckpointError(f"{folder} has no {CONFIG_JSON}; point --checkpoint at a Fish Speech 1.5 folder")
@@ -94,6 +98,7 @@ def load_dual_ar(
     with torch.device("meta"):
         model = DualARTransformer(config, tokenizer.semantic_begin_id)
     model.load_state_dict(state, strict=True, assign=True)
+    t1 = time.perf_counter()
     model = model.to(device=device, dtype=dtype).eval()
     # inference weights: without this, an eager decode step outside inference_mode records autograd history
     # (the KV cache writes chain a graph across steps; a CPU engine step ran ~2x slower)
@@ -101,6 +106,9 @@ def load_dual_ar(
     # RoPE tables stay fp32 (bf16-rounded values) whatever the model dtype; .to(dtype) above cast them.
     model.freqs_cis = model.freqs_cis.float()
     model.fast_freqs_cis = model.fast_freqs_cis.float()
+    if timings_s is not None:
+        timings_s["read"] = t1 - t0
+        timings_s["to_device"] = time.perf_counter() - t1
     return LoadedDualAR(model, tokenizer, config, weights_path)
 
 

@@ -82,19 +82,21 @@ class Settings:
                   "on for a CUDA GPU with Triton unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
     vocoder_overlap: str = field(
-        default="off",
-        metadata={"help": "on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill and "
-                  "decode step instead of after the step (H200 run 20 at ~297 streams: step + vocoder 25 -> 20 ms a "
-                  "turn, the whole turn 33-35 -> 32-33 ms; first audio within run-to-run spread; measured once). A "
-                  "stream's next segment then starts one turn later"},
+        default="auto",
+        metadata={"help": "auto | on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill "
+                  "and decode step instead of after the step. H200 runs 20-21, warm servers: a turn at 300 streams "
+                  "22.5-23.4 -> 17.8-19.0 ms; p95 first audio 189-250 ms with 0-1.3 %% of streams underrunning "
+                  "(serial: 215-283 ms, 0.5-3 %%); at 384 streams 327-353 ms and no underruns (serial, run 19: "
+                  "0.5-8.2 %% underran). A stream's next segment starts one turn later. auto = on for a CUDA-graph "
+                  "engine, off on CPU (no second stream there)"},
     )  # fmt: skip
     vocoder_merge_padding: int = field(
         default=0,
         metadata={"help": "row-frames of padding a turn's vocoder may spend to merge chunks of different lengths into "
-                  "one call (the shorter ones padded and cut again): fewer calls of the vocoder's ~2 ms fixed cost "
-                  "(H200 run 17; a turn at 300 streams made 2.8 calls). 0 = off, one call per chunk length; 32 is the "
-                  "best of run 17's shape costs (bench/vocoder_merge_model.py: 7.7 -> 6.6 ms of vocoder a turn at 300 "
-                  "streams); not measured end to end yet"},
+                  "one call (the shorter ones padded and cut again). 0 = off, one call per chunk length. Measured "
+                  "slower (H200 run 21 at 32: 2.7 -> 1.9 calls a turn, but the vocoder's share of a turn at 300 "
+                  "streams 6.6-8.0 -> 8.2-8.9 ms and p95 first audio worse in all three A/Bs, e.g. 384 streams with "
+                  "the overlap 353 -> 779 ms): each merged call gathers every causal layer's state by row"},
     )  # fmt: skip
     compile_symbolic_batch_above: int = field(
         default=8,

@@ -139,14 +139,15 @@ class BackendConfig:
     vocoder_half_step_buckets: bool = False
     # the vocoder decodes on its own CUDA stream beside the next turn's prefill and decode step, instead of after
     # the step on the same stream (streaming.worker: a turn queues the chunks its previous step completed, then
-    # prefills and steps while they decode, and collects the audio before it waits for the step). H200 run 20 at
-    # ~297 streams: step + vocoder 24.8-26.5 → 19.6 ms a turn, the turn 33-35 → 32-33 ms (prefill, staging and
-    # posting stay serial), first audio and underruns within run-to-run spread; one run, so off by default. On a
-    # CPU (no stream) it only moves the vocoder's place in the turn (the equivalence tests run it there)
-    vocoder_overlap: bool = False
+    # prefills and steps while they decode, and collects the audio before it waits for the step). H200 runs 20-21,
+    # warm servers at 300 streams: a turn 22.5-23.4 → 17.8-19.0 ms, p95 first audio 189-250 ms against 215-283 ms
+    # serial, no underruns at 384 streams. None = auto: on for a CUDA-graph engine; on a CPU (no second stream) it
+    # would only move the vocoder's place in the turn (the equivalence tests run it there)
+    vocoder_overlap: bool | None = None
     # a turn's vocoder chunks of different lengths share calls, the shorter ones padded (streaming.chunking
-    # `call_groups`), where that pads at most this many row-frames a merge: fewer calls of the vocoder's ~2 ms fixed
-    # cost (H200 run 17). 0 = off (one call per chunk length, as measured so far); not yet measured on a GPU
+    # `call_groups`), where that pads at most this many row-frames a merge. 0 = off (one call per chunk length).
+    # H200 run 21 at 32: fewer calls (2.7 → 1.9 a turn) but a slower vocoder phase (each merged call gathers every
+    # causal layer's state by row) and worse first audio in every A/B, so off
     vocoder_merge_padding: int = 0
     compile_cache_dir: Path | None = None
     # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
@@ -187,10 +188,17 @@ class Backend:
         self._vocoder_staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
 
         t0 = time.perf_counter()
-        loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len)
+        load_s: dict[str, float] = {}
+        loaded = load_dual_ar(folder, device=self.device, dtype=dtype, max_seq_len=config.max_seq_len, timings_s=load_s)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        t_fuse = time.perf_counter()
         self.model.fuse_feed_forward()  # one GEMV for w1 and w3 (same dot products; layers.FeedForward)
+        load_s["fuse"] = time.perf_counter() - t_fuse
+        # the DualAR's load by part (run 21 on an H200: 4.7-7.8 s for 1.3 GB, reading an mmap-ed file from a warm page
+        # cache; 0.3 s on a CPU, where the move is no copy): which part is slow is the next GPU call's question
+        for part, seconds in load_s.items():
+            self.timings_s[f"load_weights_dual_ar_{part}"] = seconds
         invariant = self.device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
         self.model.set_batch_invariant(invariant)
         self.batch_invariant = invariant
@@ -221,7 +229,7 @@ class Backend:
         self._encoder_stream: torch.cuda.Stream | None = None
         self.timings_s["load_weights"] = time.perf_counter() - t0
         # its parts: the DualAR with the attention kernel's self-check (two Triton compiles on a first start), the
-        # codec (run 20: 6.6-10.5 s in all for the full-size model on an H200, unexplained so far)
+        # codec (run 21: DualAR 4.7-7.8 s, codec 0.2-0.4 s, the kernel check 0.7-1.0 s of the DualAR's)
         self.timings_s["load_weights_dual_ar"] = t1 - t0
         self.timings_s["load_weights_codec"] = self.timings_s["load_weights"] - (t1 - t0)
 
@@ -281,7 +289,7 @@ class Backend:
             max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
             channels_last=config.vocoder_channels_last and self.device.type == "cuda",
         )
-        self.overlap_vocoder = config.vocoder_overlap
+        self.overlap_vocoder = graphs if config.vocoder_overlap is None else config.vocoder_overlap
         if config.vocoder_merge_padding < 0:
             raise ValueError("vocoder_merge_padding must be at least 0 (0: off)")
         # batch-invariant engines vocode slot by slot: nothing to merge

@@ -181,9 +181,9 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--length-attention", "on"]).length_attention == "on"
     with pytest.raises(SystemExit, match="--length-attention must be auto, on or off"):
         parse_settings(["--length-attention", "yes"])
-    assert parse_settings([]).vocoder_overlap == "off"
+    assert parse_settings([]).vocoder_overlap == "auto"
     assert parse_settings(["--vocoder-overlap", "on"]).vocoder_overlap == "on"
-    with pytest.raises(SystemExit, match="--vocoder-overlap must be on or off"):
+    with pytest.raises(SystemExit, match="--vocoder-overlap must be auto, on or off"):
         parse_settings(["--vocoder-overlap", "1"])
     assert parse_settings([]).vocoder_merge_padding == 0
     assert parse_settings(["--vocoder-merge-padding", "32"]).vocoder_merge_padding == 32

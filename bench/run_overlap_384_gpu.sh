@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call (~8 minutes), written after run 21's second call (warm A/B at 300: overlap with merged calls best,
+# merged calls alone worst): 1. a cold start that fills the compile cache, then a warm restart with --graphs-up-front 1
+# (start-up by phase with the warm-up on the lowest rows, and 8 level-1 requests right after ready); 2. on that
+# cache, warm restarts with --vocoder-overlap on, alone and with --vocoder-merge-padding 32, at 300 and 384 streams.
+# Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_overlap_384_gpu.sh
+# Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
+set -u
+OUT=${OUT:-/tmp/fishgate-overlap-384}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+work=/tmp/overlap-384
+mkdir -p $work/start $work/levels
+(while sleep 20; do tar czf "$OUT/all.tgz" -C $work . 2>/dev/null; done) &
+TAR=$!
+common=(SKIP_TESTS=1 LEVELS="" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 WARM_CONC=16 GRAPH_WAIT_S=90
+  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
+    --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on")
+show='^\| [0-9]|level [0-9]+:|warm start|start →|ready:'
+env "${common[@]}" OUT=$work/start WARM_VARIANTS="--graphs-up-front 1" \
+  timeout "${START_LIMIT_S:-230}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$show" | head -10
+env "${common[@]}" OUT=$work/levels WARM_LEVELS="${WARM_LEVELS:-300 384}" \
+  WARM_VARIANTS="${WARM_VARIANTS:---vocoder-overlap on;--vocoder-overlap on --vocoder-merge-padding 32}" \
+  timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$show" | head -30
+cat $work/levels/turns.txt 2>/dev/null | cut -c1-300
+kill $TAR
+tar czf "$OUT/all.tgz" -C $work .

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call (~8.5 minutes), written after run 21's first call (whose merge-padding restart ran out of time and
+# whose default server was the cold one): the overlap GPU test with its bf16 tolerance, then one cold start (no
+# levels: it only fills the compile cache) and three warm restarts on that cache at WARM_LEVELS (default 300):
+# default, --vocoder-merge-padding 32, and --vocoder-overlap on with --vocoder-merge-padding 32. Warm against warm.
+# Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_vocoder_ab_gpu.sh
+# Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
+set -u
+OUT=${OUT:-/tmp/fishgate-vocoder-ab}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+work=/tmp/vocoder-ab
+mkdir -p $work
+(while sleep 20; do tar czf "$OUT/all.tgz" -C $work . 2>/dev/null; done) &
+TAR=$!
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout 120 python3 -m pytest -q -s tests/streaming/test_engine_gpu.py -p no:cacheprovider -k "beside_the_step" \
+    -rA --tb=short > $work/gpu_tests.txt 2>&1
+  grep -E "overlap vs serial|PASSED|FAILED|passed|failed" $work/gpu_tests.txt | head -6
+fi
+OUT=$work SKIP_TESTS=1 LEVELS="" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 WARM_CONC=16 \
+  GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300}" \
+  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
+    --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on" \
+  WARM_VARIANTS="${WARM_VARIANTS:-default;--vocoder-merge-padding 32;--vocoder-overlap on --vocoder-merge-padding 32}" \
+  timeout "${E2E_LIMIT_S:-480}" bash bench/run_server_gpu.sh 2>&1 | grep -E "^\| [0-9]|level [0-9]+:|warm start|start →|ready:" \
+  | head -30
+cat $work/turns.txt 2>/dev/null | cut -c1-300
+kill $TAR
+tar czf "$OUT/all.tgz" -C $work .
