@@ -86,8 +86,8 @@ class Settings:
         metadata={"help": "auto | on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill "
                   "and decode step instead of after the step. H200 runs 20-21, warm servers: a turn at 300 streams "
                   "22.5-23.4 -> 17.8-19.0 ms; p95 first audio 189-250 ms with 0-1.3 %% of streams underrunning "
-                  "(serial: 215-283 ms, 0.5-3 %%); at 384 streams 327-353 ms and no underruns (serial, run 19: "
-                  "0.5-8.2 %% underran). A stream's next segment starts one turn later. auto = on for a CUDA-graph "
+                  "(serial: 215-283 ms, 0.5-3 %%); at 384 streams 327-353 ms, at most 0.3 %% underran (serial, run "
+                  "19: 0.5-8.2 %%). A stream's next segment starts one turn later. auto = on for a CUDA-graph "
                   "engine, off on CPU (no second stream there)"},
     )  # fmt: skip
     vocoder_merge_padding: int = field(

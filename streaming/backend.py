@@ -141,8 +141,9 @@ class BackendConfig:
     # the step on the same stream (streaming.worker: a turn queues the chunks its previous step completed, then
     # prefills and steps while they decode, and collects the audio before it waits for the step). H200 runs 20-21,
     # warm servers at 300 streams: a turn 22.5-23.4 → 17.8-19.0 ms, p95 first audio 189-250 ms against 215-283 ms
-    # serial, no underruns at 384 streams. None = auto: on for a CUDA-graph engine; on a CPU (no second stream) it
-    # would only move the vocoder's place in the turn (the equivalence tests run it there)
+    # serial; at 384 streams ≤ 0.3 % of requests underran (run 19 serial: 0.5-8.2 %). None = auto: on for a
+    # CUDA-graph engine; on a CPU (no second stream) it would only move the vocoder's place in the turn (the
+    # equivalence tests run it there)
     vocoder_overlap: bool | None = None
     # a turn's vocoder chunks of different lengths share calls, the shorter ones padded (streaming.chunking
     # `call_groups`), where that pads at most this many row-frames a merge. 0 = off (one call per chunk length).
