@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call (~9 minutes on a fresh machine), written after run 21 (bench/NOTES.md "The next device call, in
+# order (written after run 21)", items 1-3):
+#   1. where the DualAR's 4-8 s load goes (bench/load_weights.py: the engine's split, a per-tensor copy, one pinned
+#      bulk copy), ~1 min;
+#   2. end to end with the vocoder beside the step (the default since run 21): a first server at 300 and 300:low
+#      (Fish `latency: low`, a 2-frame first chunk), then a warm restart with --prefill-max-rows 8 at 300 and 384.
+# Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_low_latency_gpu.sh
+# Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
+set -u
+OUT=${OUT:-/tmp/fishgate-low-latency}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+work=/tmp/low-latency
+mkdir -p $work
+(while sleep 20; do tar czf "$OUT/all.tgz" -C $work . 2>/dev/null; done) &
+TAR=$!
+python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs > /dev/null
+timeout 120 python3 -m bench.load_weights /tmp/ckpt --out $work/load_weights.json 2>&1 | tee $work/load_weights.txt
+OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
+  WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 384}" \
+  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
+    --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on" \
+  WARM_VARIANTS="${WARM_VARIANTS:---prefill-max-rows 8}" \
+  timeout "${E2E_LIMIT_S:-420}" bash bench/run_server_gpu.sh 2>&1 \
+  | grep -E "^\| [0-9]|level [0-9]+:|warm start|start →|ready:|dual_ar" | head -40
+cat $work/turns.txt 2>/dev/null | cut -c1-300
+kill $TAR
+tar czf "$OUT/all.tgz" -C $work .
