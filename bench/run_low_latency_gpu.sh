@@ -9,13 +9,10 @@
 # Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
 set -u
 OUT=${OUT:-/tmp/fishgate-low-latency}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+source bench/device_call.sh
+device_env
 work=/tmp/low-latency
-mkdir -p $work
-(while sleep 20; do tar czf "$OUT/all.tgz" -C $work . 2>/dev/null; done) &
-TAR=$!
+keep_tarring $work
 python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs > /dev/null
 timeout 120 python3 -m bench.load_weights /tmp/ckpt --out $work/load_weights.json 2>&1 | tee $work/load_weights.txt
 OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
@@ -26,5 +23,4 @@ OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low}" WAVES=2 RAMP_S=9 LEVEL_TI
   timeout "${E2E_LIMIT_S:-420}" bash bench/run_server_gpu.sh 2>&1 \
   | grep -E "^\| [0-9]|level [0-9]+:|warm start|start →|ready:|dual_ar" | head -40
 cat $work/turns.txt 2>/dev/null | cut -c1-300
-kill $TAR
-tar czf "$OUT/all.tgz" -C $work .
+stop_tarring $work

@@ -7,13 +7,11 @@
 # Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
 set -u
 OUT=${OUT:-/tmp/fishgate-overlap-384}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+source bench/device_call.sh
+device_env
 work=/tmp/overlap-384
 mkdir -p $work/start $work/levels
-(while sleep 20; do tar czf "$OUT/all.tgz" -C $work . 2>/dev/null; done) &
-TAR=$!
+keep_tarring $work
 common=(SKIP_TESTS=1 LEVELS="" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 WARM_CONC=16 GRAPH_WAIT_S=90
   SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
     --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on")
@@ -24,5 +22,4 @@ env "${common[@]}" OUT=$work/levels WARM_LEVELS="${WARM_LEVELS:-300 384}" \
   WARM_VARIANTS="${WARM_VARIANTS:---vocoder-overlap on;--vocoder-overlap on --vocoder-merge-padding 32}" \
   timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$show" | head -30
 cat $work/levels/turns.txt 2>/dev/null | cut -c1-300
-kill $TAR
-tar czf "$OUT/all.tgz" -C $work .
+stop_tarring $work

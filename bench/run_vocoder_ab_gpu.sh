@@ -7,13 +7,10 @@
 # Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
 set -u
 OUT=${OUT:-/tmp/fishgate-vocoder-ab}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+source bench/device_call.sh
+device_env
 work=/tmp/vocoder-ab
-mkdir -p $work
-(while sleep 20; do tar czf "$OUT/all.tgz" -C $work . 2>/dev/null; done) &
-TAR=$!
+keep_tarring $work
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 120 python3 -m pytest -q -s tests/streaming/test_engine_gpu.py -p no:cacheprovider -k "beside_the_step" \
     -rA --tb=short > $work/gpu_tests.txt 2>&1
@@ -27,5 +24,4 @@ OUT=$work SKIP_TESTS=1 LEVELS="" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMI
   timeout "${E2E_LIMIT_S:-480}" bash bench/run_server_gpu.sh 2>&1 | grep -E "^\| [0-9]|level [0-9]+:|warm start|start →|ready:" \
   | head -30
 cat $work/turns.txt 2>/dev/null | cut -c1-300
-kill $TAR
-tar czf "$OUT/all.tgz" -C $work .
+stop_tarring $work

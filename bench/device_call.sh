@@ -1,0 +1,17 @@
+# Sourced by the bench/run_*_gpu.sh device calls (repo root, wheels in .whl, carried with carry [".whl"]):
+#   device_env            installs the carried wheels into /tmp/site and puts them first on PYTHONPATH and PATH
+#   keep_tarring WORK     from now on, every 20 s, WORK's files as $OUT/all.tgz (a call cut short returns them)
+#   stop_tarring WORK     the last, complete all.tgz
+device_env() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+}
+keep_tarring() {
+  mkdir -p "$OUT" "$1"
+  (while sleep 20; do tar czf "$OUT/all.tgz" -C "$1" . 2>/dev/null; done) &
+  TARRING_PID=$!
+}
+stop_tarring() {
+  kill "$TARRING_PID" 2>/dev/null
+  tar czf "$OUT/all.tgz" -C "$1" .
+}
