@@ -18,7 +18,7 @@ from . import decode_attention
 from .compiled_regions import region
 from .config import DualARConfig
 from .kv_cache import SEQ_ALIGN, KVCache
-from .layers import Attention, FeedForward, Linear, RMSNorm, TransformerBlock, invariant_linear
+from .layers import Attention, Embedding, FeedForward, Linear, RMSNorm, TransformerBlock, invariant_linear
 from .rope import build_rope_table
 
 
@@ -43,8 +43,8 @@ class DualARTransformer(nn.Module):
         self.semantic_begin_id = semantic_begin_id
         # The tokenizer always has 1024 semantic ids, whatever codebook_size is (spec §3).
         self.semantic_end_id = semantic_begin_id + 1023
-        self.embeddings = nn.Embedding(c.vocab_size, c.dim)
-        self.codebook_embeddings = nn.Embedding(c.codebook_size * c.num_codebooks, c.dim)
+        self.embeddings = Embedding(c.vocab_size, c.dim)
+        self.codebook_embeddings = Embedding(c.codebook_size * c.num_codebooks, c.dim)
         self.layers = nn.ModuleList(
             TransformerBlock(c.dim, c.n_head, c.n_local_heads, c.intermediate_size, c.attention_qkv_bias, c.norm_eps)
             for _ in range(c.n_layer)
@@ -53,7 +53,7 @@ class DualARTransformer(nn.Module):
         self.output = None if c.tie_word_embeddings else Linear(c.dim, c.vocab_size, bias=False)
         # identity (no keys) when the fast stack is as wide as the slow one, as in the official model
         self.fast_project_in = Linear(c.dim, c.fast_dim) if c.has_fast_project_in else nn.Identity()
-        self.fast_embeddings = nn.Embedding(c.codebook_size, c.fast_dim)
+        self.fast_embeddings = Embedding(c.codebook_size, c.fast_dim)
         self.fast_layers = nn.ModuleList(
             TransformerBlock(
                 c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_intermediate_size,

@@ -55,18 +55,23 @@ class GroupedResidualFSQ(nn.Module):
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """(Re)create the non-persistent constant buffers on `device` (after a meta-device build)."""
-        levels = torch.tensor(self.levels_list, dtype=torch.int64, device=device)
+        # computed on the CPU, as upstream computes them at construction, then moved: on the meta device these ops
+        # run torch's Python reference kernels, whose first use imports torch._dynamo (1.5 s of a CPU server's start)
+        target = torch.get_default_device() if device is None else torch.device(device)
+        cpu = torch.device("cpu")
+        levels = torch.tensor(self.levels_list, dtype=torch.int64, device=cpu)
         basis = torch.cumprod(torch.cat([levels.new_ones(1), levels[:-1]]), dim=0)
         half_width = levels // 2
-        stages = torch.arange(self.n_codebooks, device=device, dtype=torch.float32)[:, None]
+        stages = torch.arange(self.n_codebooks, device=cpu, dtype=torch.float32)[:, None]
         # (levels − 1) ** −r computed in fp32 exactly as upstream's `scales` buffer. (R, C)
         scales = (levels.to(torch.float32) - 1) ** -stages
+        levels, basis, half_width, scales = (t.to(target) for t in (levels, basis, half_width, scales))
         self.register_buffer("levels", levels, persistent=False)
         self.register_buffer("basis", basis, persistent=False)
         self.register_buffer("half_width", half_width, persistent=False)
         self.register_buffer("scales", scales, persistent=False)
         # Number of out-of-range codes seen by decode(); read it off the hot path (it never forces a sync).
-        self.register_buffer("clamped_codes", torch.zeros((), dtype=torch.int64, device=device), persistent=False)
+        self.register_buffer("clamped_codes", torch.zeros((), dtype=torch.int64, device=target), persistent=False)
 
     def groups(self) -> list[ResidualFSQ]:
         return [cast(ResidualFSQ, m) for m in self.rvqs]

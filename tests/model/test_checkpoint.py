@@ -187,3 +187,27 @@ def test_read_model_state_strips_prefix_only_when_first_key_has_it(tmp_path: Pat
     assert set(read_model_state(tmp_path / "m.pth")) == {"a", "b"}
     torch.save({"b": torch.ones(1), "model.a": torch.zeros(1)}, tmp_path / "n.pth")
     assert set(read_model_state(tmp_path / "n.pth")) == {"b", "model.a"}
+
+
+def test_loading_the_default_model_never_imports_dynamo() -> None:
+    """Building models on the meta device to load them must not run torch's Python reference kernels (meta
+    `normal_`, `cat`, `floor_divide`), whose first use imports torch._dynamo: 1.5 s of a CPU server's 2 s engine
+    start. A fresh interpreter loads both halves of the embedded default model the way the engine does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, pathlib, model\n"
+        "from model.checkpoint import load_dual_ar\n"
+        "from model.codec_checkpoint import load_codec\n"
+        "folder = pathlib.Path(model.__file__).parent / 'default_model'\n"
+        "load_dual_ar(folder, device='cpu', dtype=torch.float32)\n"
+        "load_codec(folder, device='cpu', dtype=torch.float32, with_encoder=True)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    root = Path(__file__).parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False", "loading imported torch._dynamo"
