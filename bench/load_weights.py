@@ -9,6 +9,7 @@ CPU, where the move copies nothing. This times, on one file, each way of getting
 3. `pinned_bulk` — the file read into one pinned host buffer in 64 MiB pieces (`readinto`), one host→device copy,
    tensors as views of the device buffer
 4. `pinned_file` — only reading the file into pinned memory (what 3 spends before its copy)
+5. `safetensors` — the safetensors package's own `load_file(device=...)`, where it is installed
 
 Every path is checked against the engine's tensors (bitwise). Each is timed `--repeat` times (the first also pays
 page faults and allocator growth); the table shows the fastest and the first. JSON to `--out`.
@@ -130,6 +131,14 @@ def main() -> None:
     checks["pinned_bulk"] = same(got, reference)  # type: ignore[arg-type]
     del got
     rows["pinned_file"], _ = timed(lambda: pinned_file(path, pin=device.type == "cuda"), args.repeat, device)
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        load_file = None
+    if load_file is not None:
+        rows["safetensors"], got = timed(lambda: load_file(path, device=str(device)), args.repeat, device)
+        checks["safetensors"] = same(got, reference)  # type: ignore[arg-type]
+        del got
 
     print(f"{path} ({size_gb:.2f} GB) → {device}")
     print(f"{'path':12s} {'best s':>7s} {'first s':>8s} {'GB/s':>6s}  equal")
