@@ -3,7 +3,9 @@
 Reads two Prometheus text dumps of `fishgate serve` (the `fishgate_engine{what=...}` counters: turns, turn_seconds,
 prefill_seconds, step_seconds, vocode_seconds, steps, frames, vocode_calls, vocode_frames_run, vocoded_frames) and
 prints one table row: turns, ms per turn, the share of prefill, decode step, vocoder and the rest (scheduling and
-event posting), frames per step, vocoder calls per turn and the share of vocoded frames that were graph padding.
+event posting), frames per step, vocoder calls per turn and the share of vocoded frames that were graph padding; then
+the mean worker-side way of an utterance to its first audio (first_audio_*: waiting for its first segment to start,
+its prompt to the first frame, decoding and vocoding its first chunk), where the server has those counters.
 
     python bench/turn_attribution.py before.txt after.txt --level 256
 """
@@ -44,6 +46,10 @@ def attribution(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "vocode_calls_per_turn": d.get("vocode_calls", 0.0) / turns,
         # share of the frames the vocoder ran that were graph padding (0 where the server predates the counter)
         "vocode_padding": 1 - d.get("vocoded_frames", 0.0) / d["vocode_frames_run"] if d.get("vocode_frames_run") else 0.0,
+        # an utterance's mean way to first audio on the worker, by part (0 where the server predates the counters)
+        "first_audio_utterances": d.get("first_audio_utterances", 0.0),
+        **{f"first_audio_{k}_ms": 1000 * d.get(f"first_audio_{k}_seconds", 0.0) / max(d.get("first_audio_utterances", 0.0), 1.0)
+           for k in ("wait", "prefill", "decode")},
     }  # fmt: skip
 
 
@@ -60,6 +66,12 @@ def main() -> None:
         f"{a['frames_per_step']:.1f} frames/step; {a['vocode_calls_per_turn']:.2f} vocoder calls/turn, "
         f"{100 * a['vocode_padding']:.0f} % of vocoded frames padding"
     )
+    if a["first_audio_utterances"]:
+        print(
+            f"  first audio on the worker, mean of {a['first_audio_utterances']:.0f} utterances: wait "
+            f"{a['first_audio_wait_ms']:.1f} + prompt {a['first_audio_prefill_ms']:.1f} + first chunk "
+            f"{a['first_audio_decode_ms']:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -301,6 +301,12 @@ class Engine:
             "prefill_seconds": round(s.prefill_s, 3),
             "step_seconds": round(s.step_s, 3),
             "vocode_seconds": round(s.vocode_s, 3),
+            # an utterance's way to its first audio on the worker, summed (÷ first_audio_utterances: the mean): its
+            # first segment waiting to start, its prompt to the first frame, decoding and vocoding the first chunk
+            "first_audio_utterances": s.first_audio_utterances,
+            "first_audio_wait_seconds": round(s.first_audio_wait_s, 3),
+            "first_audio_prefill_seconds": round(s.first_audio_prefill_s, 3),
+            "first_audio_decode_seconds": round(s.first_audio_decode_s, 3),
             "vocode_calls": w.b.vocode_calls,
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
             # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)

@@ -95,6 +95,9 @@ class Stream:
     chunk_index: int = 0
     utterance_samples: int = 0
     utterance_started_s: float | None = None  # wall clock of the utterance's first audio
+    # utterance → monotonic times on its way to first audio: [text applied, first segment started (prompt queued),
+    # first frame sampled]; dropped at its first audio (WorkerStats.first_audio_*), a cancel or a failure
+    first_audio_marks: dict[int, list[float]] = field(default_factory=dict)
     stalled_since: float | None = None
     closed: bool = False
 

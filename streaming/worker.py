@@ -126,6 +126,13 @@ class WorkerStats:
     turn_s: float = 0.0  # whole turns (the rest is host bookkeeping)
     slow_turns: int = 0  # turns longer than SLOW_TURN_FRAMES frames of audio (each stream fell behind by that much)
     turn_max_s: float = 0.0  # the longest turn so far
+    # where an utterance's first audio goes, summed over utterances (worker side, from its text being applied here):
+    # waiting for its first segment to start (an earlier utterance's segments, the turn), its prompt (queue and
+    # passes, to the first frame), then decoding and vocoding its first chunk until the audio is posted
+    first_audio_utterances: int = 0
+    first_audio_wait_s: float = 0.0
+    first_audio_prefill_s: float = 0.0
+    first_audio_decode_s: float = 0.0
 
 
 PREFILL_SMOOTHING = 0.2  # weight of the newest call in the step and prefill running averages
@@ -244,6 +251,7 @@ class Worker:
         if utt is not None:
             st.failed_utterances.add(utt)
         st.pending.clear()
+        st.first_audio_marks.clear()  # every utterance it had is failed
         self.outbox.post(st.session, SessionError(code, message, utt, fatal=fatal))
         if fatal:
             self._remove(st.session.id)
@@ -256,6 +264,8 @@ class Worker:
             st = self.streams.get(cmd.session)
             if st is not None and cmd.text.strip():
                 st.pending.append((cmd.utterance, cmd.text, cmd.prepared))
+                if cmd.utterance != st.history_utterance or st.utterance_started_s is None:
+                    st.first_audio_marks.setdefault(cmd.utterance, [time.monotonic()])
         elif isinstance(cmd, EndUtterance):
             st = self.streams.get(cmd.session)
             if st is not None:
@@ -269,6 +279,7 @@ class Worker:
                     self._abort_segment(st)
                 st.pending = collections.deque(p for p in st.pending if p[0] != cmd.utterance)
                 st.ended_utterances.discard(cmd.utterance)
+                st.first_audio_marks.pop(cmd.utterance, None)
                 self.outbox.post(st.session, Cancelled(cmd.utterance))
         elif isinstance(cmd, Close):
             self._remove(cmd.session)
@@ -412,6 +423,9 @@ class Worker:
         if s.seed is None and st.client_buffer_s(self.rate_hz) <= 0:
             st.chunk_index = 0
         self.prefill_queue.append(st.session.id)
+        marks = st.first_audio_marks.get(utt)
+        if marks is not None and len(marks) == 1:
+            marks.append(time.monotonic())
 
     def _segment_prompt(self, st: Stream, seg_tokens: torch.Tensor, condition: bool) -> tuple[torch.Tensor, int]:
         """Tokens to write and where: append to the row when that equals upstream's prompt, else rebuild."""
@@ -543,7 +557,11 @@ class Worker:
             self.b.set_sampling(row, RowSampling(s.temperature, s.top_p, s.repetition_penalty, st.seed))
             self.b.set_noise_step(row, st.noise_step)
         frames = self.b.start_segments(rows, logits, hidden, [st.prompt_end for st in streams])
+        now = time.monotonic()
         for st, frame in zip(streams, frames, strict=True):
+            marks = st.first_audio_marks.get(st.segment.utterance) if st.segment is not None else None
+            if marks is not None and len(marks) == 2:
+                marks.append(now)
             self.prefill_queue.remove(st.session.id)
             st.prefill = None
             st.noise_step += 1
@@ -654,6 +672,7 @@ class Worker:
             if in_flight or any(p[0] == utt for p in st.pending):
                 break
             st.ended_utterances.discard(utt)
+            st.first_audio_marks.pop(utt, None)  # one that ended without audio
             samples = st.utterance_samples if st.history_utterance == utt else 0
             why = reason if utterance is None or utt == utterance else "stop"
             if utt in st.failed_utterances:
@@ -776,6 +795,7 @@ class Worker:
                 self.stats.vocoded_frames += size
                 st.count_sent_audio(len(audio), self.rate_hz, now)
                 utt = st.segment.utterance if st.segment is not None else st.history_utterance
+                self._note_first_audio(st, utt, now)
                 self.outbox.post(st.session, AudioChunk(utt, audio))
         self.stats.vocode_s += time.perf_counter() - t0
         self.outbox.flush()
@@ -784,6 +804,18 @@ class Worker:
             if not st.closed:
                 after_tail()
         self.outbox.flush()
+
+    def _note_first_audio(self, st: Stream, utterance: int, now: float) -> None:
+        """An utterance's audio is posted: the first time, add its way there to the first-audio sums."""
+        marks = st.first_audio_marks.pop(utterance, None)
+        if marks is None or len(marks) < 3:  # none, or started before the worker saw its text (not measured)
+            return
+        text_at, started_at, decoding_at = marks
+        s = self.stats
+        s.first_audio_utterances += 1
+        s.first_audio_wait_s += started_at - text_at
+        s.first_audio_prefill_s += decoding_at - started_at
+        s.first_audio_decode_s += now - decoding_at
 
     # ---- rows --------------------------------------------------------------------------------------------------------
     def _apply_swaps(self, swaps: list[tuple[int, int]]) -> None:

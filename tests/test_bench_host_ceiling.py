@@ -94,6 +94,7 @@ def test_turn_attribution_reports_vocoder_calls_and_padding_from_the_engines_cou
     )
     a = attribution(counters_from_text(dump(before)), counters_from_text(dump(after)))
     assert a["vocode_calls_per_turn"] > 0 and a["vocode_padding"] == 0.0  # CPU: no graphs, so no padding rows
+    assert a["first_audio_utterances"] == 1 and a["first_audio_decode_ms"] > 0  # the one utterance's way to audio
     padded = dict(
         after, vocode_frames_run=after["vocode_frames_run"] + (after["vocoded_frames"] - before["vocoded_frames"])
     )
