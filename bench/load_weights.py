@@ -19,8 +19,6 @@ Usage: python -m bench.make_checkpoint /tmp/ckpt /tmp/refs && python -m bench.lo
 from __future__ import annotations
 
 import argparse
-import json
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +27,7 @@ import torch
 
 from bench.fullsize import environment, write_json
 from model.checkpoint import load_dual_ar, model_weights_path
-from model.weights import SAFETENSORS_DTYPES, read_safetensors
+from model.weights import read_safetensors, read_safetensors_header, safetensors_entries
 
 PIECE_BYTES = 64 << 20
 
@@ -40,31 +38,30 @@ def _sync(device: torch.device) -> None:
 
 
 def pinned_file(path: Path, pin: bool) -> tuple[torch.Tensor, dict, int]:
-    """The whole file in one (pinned) uint8 host tensor, read in PIECE_BYTES pieces; with its header."""
+    """The whole file in one (pinned) uint8 host tensor, read in PIECE_BYTES pieces; with its header and the offset
+    of its data section."""
     size = path.stat().st_size
     host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
     view = memoryview(host.numpy())
     with open(path, "rb", buffering=0) as f:
+        header, data_start = read_safetensors_header(f, path)
+        f.seek(0)
         done = 0
         while done < size:
             n = f.readinto(view[done : done + PIECE_BYTES])
             if not n:
                 raise OSError(f"{path}: short read at {done} of {size} bytes")
             done += n
-    (header_len,) = struct.unpack("<Q", bytes(view[:8]))
-    return host, json.loads(bytes(view[8 : 8 + header_len])), 8 + header_len
+    return host, header, data_start
 
 
 def pinned_bulk(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     host, header, start = pinned_file(path, pin=device.type == "cuda")
     flat = host.to(device, non_blocking=True)
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = SAFETENSORS_DTYPES[info["dtype"]]
-        begin, end = info["data_offsets"]
-        out[name] = flat[start + begin : start + end].view(dtype).view(tuple(info["shape"]))
+    out = {
+        name: flat[start + begin : start + end].view(dtype).view(shape)
+        for name, dtype, shape, begin, end in safetensors_entries(header, path)
+    }
     _sync(device)
     return out
 
@@ -85,7 +82,7 @@ def same(got: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> st
 def timed(fn: Callable[[], object], repeat: int, device: torch.device) -> tuple[list[float], object]:
     times, result = [], None
     for _ in range(repeat):
-        result = None
+        result = None  # the previous run's tensors go before the next run allocates its own
         _sync(device)
         t0 = time.perf_counter()
         result = fn()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import mmap
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -37,22 +38,21 @@ class CheckpointError(ValueError):
     code = "bad_checkpoint"
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Map a .safetensors file into memory; tensors share pages with the file (copy-on-write, no read)."""
-    with open(path, "rb") as f:
-        header_len_bytes = f.read(8)
-        if len(header_len_bytes) != 8:
-            raise CheckpointError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
-        (header_len,) = struct.unpack("<Q", header_len_bytes)
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path} is not a safetensors file (its header is not JSON)") from e
-        data_start = 8 + header_len
-        # ACCESS_COPY gives a writable buffer without touching the file: torch.frombuffer needs writable memory,
-        # and pages are only copied if someone writes to a tensor (nobody does; load_state_dict(assign=True)).
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    tensors: dict[str, torch.Tensor] = {}
+def read_safetensors_header(f: BinaryIO, path: Path) -> tuple[dict, int]:
+    """A .safetensors file's JSON header (open file at offset 0) and where its data section starts."""
+    header_len_bytes = f.read(8)
+    if len(header_len_bytes) != 8:
+        raise CheckpointError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
+    (header_len,) = struct.unpack("<Q", header_len_bytes)
+    try:
+        header = json.loads(f.read(header_len))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not a safetensors file (its header is not JSON)") from e
+    return header, 8 + header_len
+
+
+def safetensors_entries(header: dict, path: Path) -> Iterator[tuple[str, torch.dtype, tuple[int, ...], int, int]]:
+    """(name, dtype, shape, begin, end) of every tensor in a header, offsets relative to the data section."""
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -60,7 +60,18 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         if dtype is None:
             raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
         begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
+        yield name, dtype, tuple(info["shape"]), begin, end
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Map a .safetensors file into memory; tensors share pages with the file (copy-on-write, no read)."""
+    with open(path, "rb") as f:
+        header, data_start = read_safetensors_header(f, path)
+        # ACCESS_COPY gives a writable buffer without touching the file: torch.frombuffer needs writable memory,
+        # and pages are only copied if someone writes to a tensor (nobody does; load_state_dict(assign=True)).
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, dtype, shape, begin, end in safetensors_entries(header, path):
         if end == begin:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue
