@@ -2,6 +2,12 @@
 #   device_env            installs the carried wheels into /tmp/site and puts them first on PYTHONPATH and PATH
 #   keep_tarring WORK     from now on, every 20 s, WORK's files as $OUT/all.tgz (a call cut short returns them)
 #   stop_tarring WORK     the last, complete all.tgz
+#   THROUGHPUT_SERVE_ARGS the end-to-end runs' server settings since run 19 (every bucket compiled, half-step vocoder
+#                         buckets, channels-last vocoder, real-time admission at 0.9, a compile cache in the repo)
+#   E2E_LINES             grep -E pattern of bench/run_server_gpu.sh's summary lines (ttfa rows, turn split, starts)
+E2E_LINES='^\| [0-9]|level [0-9]+:|warm start|start →|ready:'
+THROUGHPUT_SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
+  --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on"
 device_env() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH

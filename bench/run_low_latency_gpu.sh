@@ -19,11 +19,10 @@ timeout 90 python3 -m bench.load_weights /tmp/ckpt --out $work/load_weights.json
 OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
   WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 384}" \
   PROFILE_LEVEL="${PROFILE_LEVEL:-384}" PROFILE_AFTER_S=8 PROFILE_S=8 \
-  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
-    --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on" \
+  SERVE_ARGS="$THROUGHPUT_SERVE_ARGS" \
   WARM_VARIANTS="${WARM_VARIANTS:---prefill-max-rows 8}" \
   timeout "${E2E_LIMIT_S:-450}" bash bench/run_server_gpu.sh 2>&1 \
-  | grep -E "^\| [0-9]|level [0-9]+:|warm start|start →|ready:|dual_ar" | head -40
+  | grep -E "$E2E_LINES|dual_ar" | head -40
 cat $work/turns.txt 2>/dev/null | cut -c1-300
 head -40 $work/spy_384_summary.txt 2>/dev/null
 stop_tarring $work

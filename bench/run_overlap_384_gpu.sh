@@ -13,13 +13,11 @@ work=/tmp/overlap-384
 mkdir -p $work/start $work/levels
 keep_tarring $work
 common=(SKIP_TESTS=1 LEVELS="" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 WARM_CONC=16 GRAPH_WAIT_S=90
-  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
-    --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on")
-show='^\| [0-9]|level [0-9]+:|warm start|start →|ready:'
+  SERVE_ARGS="$THROUGHPUT_SERVE_ARGS")
 env "${common[@]}" OUT=$work/start WARM_VARIANTS="--graphs-up-front 1" \
-  timeout "${START_LIMIT_S:-230}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$show" | head -10
+  timeout "${START_LIMIT_S:-230}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES" | head -10
 env "${common[@]}" OUT=$work/levels WARM_LEVELS="${WARM_LEVELS:-300 384}" \
   WARM_VARIANTS="${WARM_VARIANTS:---vocoder-overlap on;--vocoder-overlap on --vocoder-merge-padding 32}" \
-  timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$show" | head -30
+  timeout "${E2E_LIMIT_S:-330}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES" | head -30
 cat $work/levels/turns.txt 2>/dev/null | cut -c1-300
 stop_tarring $work

@@ -18,10 +18,9 @@ timeout 200 python3 -m pytest -q -s tests/streaming/test_engine_gpu.py tests/mod
 grep -E "overlap vs serial|PASSED|FAILED|passed|failed" $work/gpu_tests.txt | head -8
 OUT=$work SKIP_TESTS=1 LEVELS="300" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 WARM_CONC=16 \
   GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300}" \
-  SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --vocoder-half-step-buckets on
-    --admission-turn-fraction 0.9 --compile-cache-dir build/cc --vocoder-channels-last on" \
+  SERVE_ARGS="$THROUGHPUT_SERVE_ARGS" \
   WARM_VARIANTS="--vocoder-overlap on;--vocoder-merge-padding 32" \
-  timeout "${E2E_LIMIT_S:-370}" bash bench/run_server_gpu.sh 2>&1 | grep -E "^\| [0-9]|level [0-9]+:|warm start|start →|ready:" \
+  timeout "${E2E_LIMIT_S:-370}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES" \
   | head -30
 cat $work/turns.txt 2>/dev/null | cut -c1-300
 stop_tarring $work
