@@ -68,6 +68,15 @@ class Segment:
 
 
 @dataclass
+class FirstAudioMarks:
+    """Monotonic times on an utterance's way to its first audio (worker side)."""
+
+    text_at: float  # its text reached the worker
+    started_at: float | None = None  # its first segment started (prompt queued)
+    decoding_at: float | None = None  # that segment's first frame was sampled
+
+
+@dataclass
 class Stream:
     session: Session
     slot: int  # vocoder state slot (stable for the session's life); KV rows move (see RowTable)
@@ -95,9 +104,9 @@ class Stream:
     chunk_index: int = 0
     utterance_samples: int = 0
     utterance_started_s: float | None = None  # wall clock of the utterance's first audio
-    # utterance → monotonic times on its way to first audio: [text applied, first segment started (prompt queued),
-    # first frame sampled]; dropped at its first audio (WorkerStats.first_audio_*), a cancel or a failure
-    first_audio_marks: dict[int, list[float]] = field(default_factory=dict)
+    # utterance → its way to first audio so far; dropped at its first audio (WorkerStats.first_audio_*), a cancel,
+    # a failure or its end
+    first_audio_marks: dict[int, FirstAudioMarks] = field(default_factory=dict)
     stalled_since: float | None = None
     closed: bool = False
 

@@ -41,7 +41,7 @@ from .session import (
     Speak,
     UtteranceDone,
 )
-from .stream_state import Phase, PrefillJob, Segment, Stream
+from .stream_state import FirstAudioMarks, Phase, PrefillJob, Segment, Stream
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class Worker:
             if st is not None and cmd.text.strip():
                 st.pending.append((cmd.utterance, cmd.text, cmd.prepared))
                 if cmd.utterance != st.history_utterance or st.utterance_started_s is None:
-                    st.first_audio_marks.setdefault(cmd.utterance, [time.monotonic()])
+                    st.first_audio_marks.setdefault(cmd.utterance, FirstAudioMarks(time.monotonic()))
         elif isinstance(cmd, EndUtterance):
             st = self.streams.get(cmd.session)
             if st is not None:
@@ -424,8 +424,8 @@ class Worker:
             st.chunk_index = 0
         self.prefill_queue.append(st.session.id)
         marks = st.first_audio_marks.get(utt)
-        if marks is not None and len(marks) == 1:
-            marks.append(time.monotonic())
+        if marks is not None and marks.started_at is None:
+            marks.started_at = time.monotonic()
 
     def _segment_prompt(self, st: Stream, seg_tokens: torch.Tensor, condition: bool) -> tuple[torch.Tensor, int]:
         """Tokens to write and where: append to the row when that equals upstream's prompt, else rebuild."""
@@ -560,8 +560,8 @@ class Worker:
         now = time.monotonic()
         for st, frame in zip(streams, frames, strict=True):
             marks = st.first_audio_marks.get(st.segment.utterance) if st.segment is not None else None
-            if marks is not None and len(marks) == 2:
-                marks.append(now)
+            if marks is not None and marks.started_at is not None and marks.decoding_at is None:
+                marks.decoding_at = now
             self.prefill_queue.remove(st.session.id)
             st.prefill = None
             st.noise_step += 1
@@ -808,14 +808,13 @@ class Worker:
     def _note_first_audio(self, st: Stream, utterance: int, now: float) -> None:
         """An utterance's audio is posted: the first time, add its way there to the first-audio sums."""
         marks = st.first_audio_marks.pop(utterance, None)
-        if marks is None or len(marks) < 3:  # none, or started before the worker saw its text (not measured)
+        if marks is None or marks.started_at is None or marks.decoding_at is None:  # already counted, or not measured
             return
-        text_at, started_at, decoding_at = marks
         s = self.stats
         s.first_audio_utterances += 1
-        s.first_audio_wait_s += started_at - text_at
-        s.first_audio_prefill_s += decoding_at - started_at
-        s.first_audio_decode_s += now - decoding_at
+        s.first_audio_wait_s += marks.started_at - marks.text_at
+        s.first_audio_prefill_s += marks.decoding_at - marks.started_at
+        s.first_audio_decode_s += now - marks.decoding_at
 
     # ---- rows --------------------------------------------------------------------------------------------------------
     def _apply_swaps(self, swaps: list[tuple[int, int]]) -> None:
