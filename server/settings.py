@@ -176,6 +176,24 @@ class Settings:
                   "stand-in device with 300 streams arriving steadily: 3 s). E.g. 1; off by default (not measured on "
                   "a GPU)", "shown_default": "off"},
     )  # fmt: skip
+    first_chunk_same_turn: str = field(
+        default="off",
+        metadata={"help": "on | off: with the vocoder beside the step (--vocoder-overlap), vocode a stream's first "
+                  "chunk right after the step that completed it instead of beside the next turn's step: first audio "
+                  "a turn sooner, for one more vocoder call a turn that the turn waits for"},
+    )  # fmt: skip
+    prefill_hold_below_s: float | None = field(
+        default=0.1,
+        metadata={"help": "while any decoding stream's client has less than this many seconds of audio buffered, new "
+                  "prompts wait (at most --prefill-hold-max-s at a time), so the running streams' turns are shorter "
+                  "through a burst; new sessions' first audio comes later instead. off: never hold",
+                  "shown_default": "0.1"},
+    )  # fmt: skip
+    prefill_hold_max_s: float = field(
+        default=0.25,
+        metadata={"help": "the longest new prompts wait at a time under --prefill-hold-below-s, so a burst still "
+                  "gets in"},
+    )  # fmt: skip
     admission_per_turn: int | None = field(
         default=None,
         metadata={"help": "with --admission-turn-fraction: admit at most this many new sessions between two decoding "
@@ -284,6 +302,10 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --admission-per-turn must be at least 1 (leave it out for no cap)")
     if settings.prefill_step_share is not None and not 0 < settings.prefill_step_share <= 16:
         raise SystemExit("fishgate: --prefill-step-share must be in (0, 16] (e.g. 1) or off")
+    if settings.prefill_hold_below_s is not None and not 0 < settings.prefill_hold_below_s <= 5:
+        raise SystemExit("fishgate: --prefill-hold-below-s must be in (0, 5] seconds (e.g. 0.1) or off")
+    if not 0 <= settings.prefill_hold_max_s <= 5:
+        raise SystemExit("fishgate: --prefill-hold-max-s must be in [0, 5] seconds")
     if not 0 <= settings.admission_wait_s <= 60:
         raise SystemExit("fishgate: --admission-wait-s must be in [0, 60] seconds")
     if settings.compile_symbolic_batch_above < 1:

@@ -292,6 +292,7 @@ class Engine:
             "prefill_holds": s.prefill_holds,
             "refills": s.refills,
             "tails_deferred": s.tails_deferred,  # segment tails left for a later turn, once for each turn they wait
+            "first_chunk_calls": s.first_chunk_calls,  # first chunks vocoded in the turn that completed them
             # turns longer than two frames of audio (each set every stream back; logged with their phases)
             "slow_turns": s.slow_turns,
             "turn_max_seconds": round(s.turn_max_s, 4),

@@ -90,6 +90,10 @@ class WorkerLimits:
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
     # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
     grow_chunks_with_buffer: bool = True
+    # With the vocoder beside the step (BackendConfig.vocoder_overlap): a stream's first chunk (a client with nothing
+    # to play) is vocoded right after the step that completed it, in the turn, instead of beside the next turn's
+    # step — its first audio a turn sooner, for one more vocoder call that the turn waits for (Worker.turn).
+    first_chunk_same_turn: bool = False
     # Segments whose leftover frames (the tail after the last full chunk) are vocoded per turn, driest clients first;
     # the rest wait a turn (their stream starts its next segment after that). H200 run 17: turns where dozens of
     # segments ended spent 20–133 ms vocoding their tails, stalling every stream. None = all in the turn they end.
@@ -118,6 +122,7 @@ class WorkerStats:
     prefill_holds: int = 0  # turns that held new prompts back for a nearly dry stream
     refills: int = 0  # chunks sent early to a nearly dry stream
     tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn), once for each turn they wait
+    first_chunk_calls: int = 0  # vocoder calls for first chunks in the turn that completed them (first_chunk_same_turn)
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
@@ -350,6 +355,9 @@ class Worker:
         if not self.overlap_vocoder:
             self._vocode_ready()
             self._collect_audio()  # the chunks go out now, not after the segment tails below
+        elif self.limits.first_chunk_same_turn:
+            self._vocode_first_chunks()
+            self._collect_audio()
         t4 = time.perf_counter()
         if not self.overlap_vocoder:
             self._flush_ended()
@@ -706,6 +714,19 @@ class Worker:
             low = heapq.nsmallest(self.limits.max_refills_per_turn, low, key=lambda item: item[0])
         batch += [(st, refill_size(len(st.vocoder_queue)), False) for _, st in low]  # the next chunk is still `size`
         self.stats.refills += len(low)
+        self._vocode(batch)
+
+    def _vocode_first_chunks(self) -> None:
+        """With the vocoder beside the step: vocode the first chunks this turn's step completed now, after it, rather
+        than beside the next turn's step (`WorkerLimits.first_chunk_same_turn`). The chunk is the same (the schedule's
+        first size), only a turn sooner; later chunks keep the overlap."""
+        batch = []
+        for st in self.streams.values():
+            size = st.schedule.size(0)
+            if st.chunk_index == 0 and len(st.vocoder_queue) >= size:
+                batch.append((st, size, True))
+        if batch:
+            self.stats.first_chunk_calls += 1
         self._vocode(batch)
 
     def _held_growth(self, st: Stream, size: int, queued: int, now: float) -> int:

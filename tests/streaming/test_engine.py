@@ -269,8 +269,8 @@ def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> N
             else:
                 raise AssertionError(f"unexpected {ev!r}")
 
-    async def run(factory):
-        with running_engine(max_sessions=6, backend_factory=factory) as engine:
+    async def run(factory, **limits):
+        with running_engine(max_sessions=6, backend_factory=factory, **limits) as engine:
             assert engine._worker.overlap_vocoder is (factory is overlapped)
             others = [engine.open_session(Voice(), SynthesisSettings(seed=i)) for i in range(4)]
             for i, o in enumerate(others):
@@ -285,19 +285,64 @@ def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> N
             return events, rest
 
     serial, serial_rest = asyncio.run(run(Backend))
-    overlap, overlap_rest = asyncio.run(run(overlapped))
-    assert serial == overlap  # the same chunks in the same order, segment ends at the same places
     assert sum(1 for kind, _ in serial if kind == "segment") == 3
-    audio = 0
-    for kind, samples in overlap:
-        if kind == "audio":
-            audio += samples
-        else:
-            audio -= samples
-            assert audio == 0, "a segment's end arrived before all of its audio, or after the next one's"
-    for a, b in zip(serial_rest, overlap_rest, strict=True):  # seeded others: their codes and PCM are equal too
-        assert b.done is not None and not b.errors
-        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+    for limits in ({}, {"first_chunk_same_turn": True}):  # the first chunks in their own turn: the same audio too
+        overlap, overlap_rest = asyncio.run(run(overlapped, **limits))
+        assert serial == overlap, limits  # the same chunks in the same order, segment ends at the same places
+        audio = 0
+        for kind, samples in overlap:
+            if kind == "audio":
+                audio += samples
+            else:
+                audio -= samples
+                assert audio == 0, "a segment's end arrived before all of its audio, or after the next one's"
+        for a, b in zip(serial_rest, overlap_rest, strict=True):  # seeded others: their codes and PCM are equal too
+            assert b.done is not None and not b.errors
+            assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+
+
+@pytest.mark.parametrize(
+    ("overlap", "same_turn", "steps_before_first_audio"),
+    [(False, False, 3), (True, False, 4), (True, True, 3)],
+    ids=["serial", "vocoder_overlap", "overlap_first_chunk_same_turn"],
+)
+def test_the_first_chunk_goes_out_in_the_turn_that_completed_it(
+    overlap: bool, same_turn: bool, steps_before_first_audio: int
+) -> None:
+    """A stream's first chunk (4 frames: the prompt's first frame, then three steps) is posted right after the step
+    that completed it in the serial turn; beside the step (vocoder_overlap) it is vocoded during the next turn's
+    step, a turn later; with first_chunk_same_turn it goes out after its own step again, and later chunks keep the
+    overlap."""
+    collected_at: list[tuple[int, list[int]]] = []  # (steps begun so far, frames of each chunk) per collected launch
+
+    class Recording(NeverEnding):
+        steps = 0
+
+        def step(self, *args, **kwargs):
+            Recording.steps += 1
+            return super().step(*args, **kwargs)
+
+        def vocode_launch(self, slots, codes):
+            collect = super().vocode_launch(slots, codes)
+
+            def recorded():
+                collected_at.append((Recording.steps, [c.shape[1] for c in codes]))
+                return collect()
+
+            return recorded
+
+    def factory(config: BackendConfig) -> Backend:
+        return Recording(dataclasses.replace(config, vocoder_overlap=overlap))
+
+    settings = [SynthesisSettings(seed=3, max_new_tokens=24)]
+    with running_engine(warm_up=False, backend_factory=factory, first_chunk_same_turn=same_turn) as engine:
+        (utt,) = asyncio.run(speak_together(engine, settings, ["One stream alone."]))
+        calls = engine.stats()["first_chunk_calls"]
+    assert utt.done is not None and not utt.errors and utt.chunk_samples[:3] == [4 * 2048, 4 * 2048, 8 * 2048]
+    assert collected_at[0] == (steps_before_first_audio, [4]), collected_at
+    assert collected_at[1][0] == 3 + 4 + overlap, collected_at  # the second chunk: four steps on, overlapped or not
+    assert calls == (1 if same_turn else 0)
+    assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
 
 
 @pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
