@@ -176,11 +176,12 @@ class Settings:
                   "stand-in device with 300 streams arriving steadily: 3 s). E.g. 1; off by default (not measured on "
                   "a GPU)", "shown_default": "off"},
     )  # fmt: skip
-    first_chunk_same_turn: str = field(
+    urgent_chunks_same_turn: str = field(
         default="off",
-        metadata={"help": "on | off: with the vocoder beside the step (--vocoder-overlap), vocode a stream's first "
-                  "chunk right after the step that completed it instead of beside the next turn's step: first audio "
-                  "a turn sooner, for one more vocoder call a turn that the turn waits for"},
+        metadata={"help": "on | off: with the vocoder beside the step (--vocoder-overlap), vocode the chunks of "
+                  "clients with nothing or nearly nothing to play (a first chunk, or under 0.15 s buffered) right "
+                  "after the step that completed them instead of beside the next turn's step: their audio a turn "
+                  "sooner, for one more vocoder call a turn that the turn waits for"},
     )  # fmt: skip
     prefill_hold_below_s: float | None = field(
         default=0.1,

@@ -200,9 +200,9 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--prefill-step-share", "1"]).prefill_step_share == 1.0
     with pytest.raises(SystemExit, match="--prefill-step-share must be in"):
         parse_settings(["--prefill-step-share", "0"])
-    assert parse_settings([]).first_chunk_same_turn == "off"
-    with pytest.raises(SystemExit, match="--first-chunk-same-turn must be on or off"):
-        parse_settings(["--first-chunk-same-turn", "1"])
+    assert parse_settings([]).urgent_chunks_same_turn == "off"
+    with pytest.raises(SystemExit, match="--urgent-chunks-same-turn must be on or off"):
+        parse_settings(["--urgent-chunks-same-turn", "1"])
     assert (parse_settings([]).prefill_hold_below_s, parse_settings([]).prefill_hold_max_s) == (0.1, 0.25)
     assert parse_settings(["--prefill-hold-below-s", "off"]).prefill_hold_below_s is None
     assert parse_settings(["--prefill-hold-max-s", "0.03"]).prefill_hold_max_s == 0.03

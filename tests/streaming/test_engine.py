@@ -286,7 +286,7 @@ def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> N
 
     serial, serial_rest = asyncio.run(run(Backend))
     assert sum(1 for kind, _ in serial if kind == "segment") == 3
-    for limits in ({}, {"first_chunk_same_turn": True}):  # the first chunks in their own turn: the same audio too
+    for limits in ({}, {"urgent_chunks_same_turn": True}):  # urgent chunks in their own turn: the same audio too
         overlap, overlap_rest = asyncio.run(run(overlapped, **limits))
         assert serial == overlap, limits  # the same chunks in the same order, segment ends at the same places
         audio = 0
@@ -302,23 +302,31 @@ def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> N
 
 
 @pytest.mark.parametrize(
-    ("overlap", "same_turn", "steps_before_first_audio"),
-    [(False, False, 3), (True, False, 4), (True, True, 3)],
-    ids=["serial", "vocoder_overlap", "overlap_first_chunk_same_turn"],
+    ("overlap", "same_turn", "step_s", "collected_after_steps"),
+    [
+        (False, False, 0.0, [3, 7, 15]),
+        (True, False, 0.0, [4, 8, 16]),
+        (True, True, 0.0, [3, 8, 16]),
+        (True, True, 0.1, [3, 7, 15]),
+    ],
+    ids=["serial", "vocoder_overlap", "overlap_urgent_first_chunk", "overlap_urgent_dry_client"],
 )
-def test_the_first_chunk_goes_out_in_the_turn_that_completed_it(
-    overlap: bool, same_turn: bool, steps_before_first_audio: int
+def test_urgent_chunks_go_out_in_the_turn_that_completed_them(
+    overlap: bool, same_turn: bool, step_s: float, collected_after_steps: list[int]
 ) -> None:
-    """A stream's first chunk (4 frames: the prompt's first frame, then three steps) is posted right after the step
-    that completed it in the serial turn; beside the step (vocoder_overlap) it is vocoded during the next turn's
-    step, a turn later; with first_chunk_same_turn it goes out after its own step again, and later chunks keep the
-    overlap."""
-    collected_at: list[tuple[int, list[int]]] = []  # (steps begun so far, frames of each chunk) per collected launch
+    """A seeded stream's chunks of 4, 4 and 8 frames (the prompt gives the first frame, each step one more) are
+    posted right after the step that completed them in the serial turn; beside the step (vocoder_overlap) each is
+    vocoded during the next turn's step, a turn later. With urgent_chunks_same_turn the first chunk goes out after
+    its own step again, and later chunks keep the overlap while the client has audio to play (fast steps here); when
+    the steps are slower than real time (0.1 s for 46 ms of audio) the client is nearly dry at every chunk, so every
+    chunk goes out in its own turn."""
+    collected: list[tuple[int, int]] = []  # (steps begun so far, frames) per chunk collected
 
     class Recording(NeverEnding):
         steps = 0
 
         def step(self, *args, **kwargs):
+            time.sleep(step_s)
             Recording.steps += 1
             return super().step(*args, **kwargs)
 
@@ -326,7 +334,7 @@ def test_the_first_chunk_goes_out_in_the_turn_that_completed_it(
             collect = super().vocode_launch(slots, codes)
 
             def recorded():
-                collected_at.append((Recording.steps, [c.shape[1] for c in codes]))
+                collected.extend((Recording.steps, c.shape[1]) for c in codes)
                 return collect()
 
             return recorded
@@ -334,14 +342,17 @@ def test_the_first_chunk_goes_out_in_the_turn_that_completed_it(
     def factory(config: BackendConfig) -> Backend:
         return Recording(dataclasses.replace(config, vocoder_overlap=overlap))
 
-    settings = [SynthesisSettings(seed=3, max_new_tokens=24)]
-    with running_engine(warm_up=False, backend_factory=factory, first_chunk_same_turn=same_turn) as engine:
+    settings = [SynthesisSettings(seed=3, max_new_tokens=17)]  # 4 + 4 + 8 and a tail of 1
+    refills = 0.15 if step_s else None  # with fast steps only the first chunk is urgent, however slow the machine
+    with running_engine(
+        warm_up=False, backend_factory=factory, urgent_chunks_same_turn=same_turn, refill_below_s=refills
+    ) as engine:
         (utt,) = asyncio.run(speak_together(engine, settings, ["One stream alone."]))
-        calls = engine.stats()["first_chunk_calls"]
-    assert utt.done is not None and not utt.errors and utt.chunk_samples[:3] == [4 * 2048, 4 * 2048, 8 * 2048]
-    assert collected_at[0] == (steps_before_first_audio, [4]), collected_at
-    assert collected_at[1][0] == 3 + 4 + overlap, collected_at  # the second chunk: four steps on, overlapped or not
-    assert calls == (1 if same_turn else 0)
+        calls = engine.stats()["urgent_chunk_calls"]
+    assert utt.done is not None and not utt.errors and utt.chunk_samples == [4 * 2048, 4 * 2048, 8 * 2048, 2048]
+    assert [steps for steps, _ in collected[:3]] == collected_after_steps, collected
+    in_turn = sum(1 for steps, own in zip(collected_after_steps, (3, 7, 15), strict=True) if steps == own)
+    assert calls == (in_turn if same_turn else 0)  # the urgent calls: the chunks that went out in their own turn
     assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
 
 
