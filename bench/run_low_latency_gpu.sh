@@ -18,7 +18,7 @@ python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs > /dev/null
 timeout 90 python3 -m bench.load_weights /tmp/ckpt --out $work/load_weights.json 2>&1 | tee $work/load_weights.txt
 OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
   WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 384}" \
-  PROFILE_LEVEL="${PROFILE_LEVEL:-384}" PROFILE_AFTER_S=8 PROFILE_S=8 \
+  PROFILE_LEVEL=none WARM_PROFILE_LEVEL="${PROFILE_LEVEL:-384}" PROFILE_AFTER_S=8 PROFILE_S=8 \
   SERVE_ARGS="$THROUGHPUT_SERVE_ARGS" \
   WARM_VARIANTS="${WARM_VARIANTS:---prefill-max-rows 8}" \
   timeout "${E2E_LIMIT_S:-450}" bash bench/run_server_gpu.sh 2>&1 \

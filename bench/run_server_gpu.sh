@@ -118,7 +118,7 @@ for variant in ${variant_list[@]+"${variant_list[@]}"}; do
   timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$tag" 2>&1 | tail -3
   cp "/tmp/ttfa_$tag/ttfa.json" "$OUT/ttfa_${tag}_1.json" 2>/dev/null
   [ -n "${WARM_LEVELS:-}" ] && [ -z "${WARM_NO_GRAPH_WAIT:-}" ] && wait_for_graphs
-  PROFILE_LEVEL=none TAG=${tag}_
+  PROFILE_LEVEL=${WARM_PROFILE_LEVEL:-none} TAG=${tag}_  # py-spy on a warm server: WARM_PROFILE_LEVEL
   for level in ${WARM_LEVELS:-}; do echo "(warm server $i: $variant)" >> "$OUT/turns.txt"; run_level $level; done
   kill -TERM $SERVER; wait $SERVER
   grep -E "engine ready|ERROR|CRITICAL" "$OUT/server_$tag.log" | head -20

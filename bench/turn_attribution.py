@@ -6,7 +6,7 @@ prints one table row: turns, ms per turn, the share of prefill, decode step, voc
 event posting), frames per step, vocoder calls per turn and the share of vocoded frames that were graph padding; then
 the mean worker-side way of an utterance to its first audio (first_audio_*: waiting for its first segment to start,
 its prompt to the first frame, decoding and vocoding its first chunk), where the server has those counters, with the
-turns that held new prompts back (prefill_holds) and the urgent chunks' vocoder calls (urgent_chunk_calls).
+turns that held new prompts back (prefill_holds).
 
     python bench/turn_attribution.py before.txt after.txt --level 256
 """
@@ -51,8 +51,8 @@ def attribution(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "first_audio_utterances": d.get("first_audio_utterances", 0.0),
         **{f"first_audio_{k}_ms": 1000 * d.get(f"first_audio_{k}_seconds", 0.0) / max(d.get("first_audio_utterances", 0.0), 1.0)
            for k in ("wait", "prefill", "decode")},
-        # turns that held new prompts back for a nearly dry client; first chunks vocoded in their own turn
-        "prefill_holds": d.get("prefill_holds", 0.0), "urgent_chunk_calls": d.get("urgent_chunk_calls", 0.0),
+        # turns that held new prompts back for a nearly dry client
+        "prefill_holds": d.get("prefill_holds", 0.0),
     }  # fmt: skip
 
 
@@ -73,8 +73,7 @@ def main() -> None:
         print(
             f"  first audio on the worker, mean of {a['first_audio_utterances']:.0f} utterances: wait "
             f"{a['first_audio_wait_ms']:.1f} + prompt {a['first_audio_prefill_ms']:.1f} + first chunk "
-            f"{a['first_audio_decode_ms']:.1f} ms; turns holding prompts {a['prefill_holds']:.0f}, "
-            f"urgent chunk calls {a['urgent_chunk_calls']:.0f}"
+            f"{a['first_audio_decode_ms']:.1f} ms; turns holding prompts {a['prefill_holds']:.0f}"
         )
 
 

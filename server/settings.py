@@ -176,13 +176,6 @@ class Settings:
                   "stand-in device with 300 streams arriving steadily: 3 s). E.g. 1; off by default (not measured on "
                   "a GPU)", "shown_default": "off"},
     )  # fmt: skip
-    urgent_chunks_same_turn: str = field(
-        default="off",
-        metadata={"help": "on | off: with the vocoder beside the step (--vocoder-overlap), vocode the chunks of "
-                  "clients with nothing or nearly nothing to play (a first chunk, or under 0.15 s buffered) right "
-                  "after the step that completed them instead of beside the next turn's step: their audio a turn "
-                  "sooner, for one more vocoder call a turn that the turn waits for"},
-    )  # fmt: skip
     prefill_hold_below_s: float | None = field(
         default=0.1,
         metadata={"help": "while any decoding stream's client has less than this many seconds of audio buffered, new "

@@ -196,8 +196,8 @@ class Backend:
         t_fuse = time.perf_counter()
         self.model.fuse_feed_forward()  # one GEMV for w1 and w3 (same dot products; layers.FeedForward)
         load_s["fuse"] = time.perf_counter() - t_fuse
-        # the DualAR's load by part (run 21 on an H200: 4.7-7.8 s for 1.3 GB, reading an mmap-ed file from a warm page
-        # cache; 0.3 s on a CPU, where the move is no copy): which part is slow is the next GPU call's question
+        # the DualAR's load by part (H200 run 22, 1.3 GB from a warm page cache: read 0.2-0.4 s, to the device
+        # 0.2-0.3 s, fuse 0.01-0.02 s; the rest of the 4.8-10.9 s is the attention kernel's self-check below)
         for part, seconds in load_s.items():
             self.timings_s[f"load_weights_dual_ar_{part}"] = seconds
         invariant = self.device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
@@ -229,8 +229,9 @@ class Backend:
         self._encoder_lock = threading.Lock()
         self._encoder_stream: torch.cuda.Stream | None = None
         self.timings_s["load_weights"] = time.perf_counter() - t0
-        # its parts: the DualAR with the attention kernel's self-check (two Triton compiles on a first start), the
-        # codec (run 21: DualAR 4.7-7.8 s, codec 0.2-0.4 s, the kernel check 0.7-1.0 s of the DualAR's)
+        # its parts: the DualAR with the attention kernel's self-check, the codec (H200 run 22: DualAR 4.8-10.9 s, of it
+        # the check 4.4-10.1 s — its first call of the custom op imports torch._dynamo and torch._inductor, which a
+        # compiling server's first capture would import otherwise; codec 0.2-0.3 s)
         self.timings_s["load_weights_dual_ar"] = t1 - t0
         self.timings_s["load_weights_codec"] = self.timings_s["load_weights"] - (t1 - t0)
 

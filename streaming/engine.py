@@ -292,7 +292,6 @@ class Engine:
             "prefill_holds": s.prefill_holds,
             "refills": s.refills,
             "tails_deferred": s.tails_deferred,  # segment tails left for a later turn, once for each turn they wait
-            "urgent_chunk_calls": s.urgent_chunk_calls,  # vocoder calls in the turn that completed their chunks
             # turns longer than two frames of audio (each set every stream back; logged with their phases)
             "slow_turns": s.slow_turns,
             "turn_max_seconds": round(s.turn_max_s, 4),

@@ -90,12 +90,6 @@ class WorkerLimits:
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
     # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
     grow_chunks_with_buffer: bool = True
-    # With the vocoder beside the step (BackendConfig.vocoder_overlap): the chunks of clients with nothing or nearly
-    # nothing to play — a first chunk, or a client under refill_below_s — are vocoded right after the step that
-    # completed them, in the turn, instead of beside the next turn's step: a turn sooner, for one more vocoder call
-    # that the turn waits for (Worker._vocode_urgent). H200 run 22: first chunks alone this way took 300 streams'
-    # p95 first audio 159 → 134 ms but left the second chunk a turn further behind (2 % of requests underran).
-    urgent_chunks_same_turn: bool = False
     # Segments whose leftover frames (the tail after the last full chunk) are vocoded per turn, driest clients first;
     # the rest wait a turn (their stream starts its next segment after that). H200 run 17: turns where dozens of
     # segments ended spent 20–133 ms vocoding their tails, stalling every stream. None = all in the turn they end.
@@ -124,7 +118,6 @@ class WorkerStats:
     prefill_holds: int = 0  # turns that held new prompts back for a nearly dry stream
     refills: int = 0  # chunks sent early to a nearly dry stream
     tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn), once for each turn they wait
-    urgent_chunk_calls: int = 0  # vocoder calls in the turn that completed the chunks (urgent_chunks_same_turn)
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
@@ -357,9 +350,6 @@ class Worker:
         if not self.overlap_vocoder:
             self._vocode_ready()
             self._collect_audio()  # the chunks go out now, not after the segment tails below
-        elif self.limits.urgent_chunks_same_turn:
-            self._vocode_urgent()
-            self._collect_audio()
         t4 = time.perf_counter()
         if not self.overlap_vocoder:
             self._flush_ended()
@@ -691,16 +681,12 @@ class Worker:
             self.outbox.post(st.session, UtteranceDone(utt, why, samples))
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
-    def _vocode_ready(self, urgent_only: bool = False) -> None:
-        """Vocode every full chunk, held growth step and refill that is due (only the urgent streams' with
-        `urgent_only`)."""
+    def _vocode_ready(self) -> None:
         batch: list[tuple[Stream, int, bool]] = []
         low: list[tuple[float, Stream]] = []  # (client buffer s, stream) of refill candidates
         refill_below_s = self.limits.refill_below_s
         now = time.monotonic()
         for st in self.streams.values():
-            if urgent_only and not self._urgent(st, now):
-                continue
             size = st.schedule.size(st.chunk_index)
             queued = len(st.vocoder_queue)
             if queued >= size:
@@ -721,23 +707,6 @@ class Worker:
         batch += [(st, refill_size(len(st.vocoder_queue)), False) for _, st in low]  # the next chunk is still `size`
         self.stats.refills += len(low)
         self._vocode(batch)
-
-    def _vocode_urgent(self) -> None:
-        """With the vocoder beside the step: vocode now, after the step, the chunks of clients with nothing or nearly
-        nothing to play (`_urgent`), chosen as `_vocode_ready` chooses, instead of beside the next turn's step
-        (`WorkerLimits.urgent_chunks_same_turn`). The chunks are the same, only a turn sooner."""
-        calls = self.b.vocode_calls
-        self._vocode_ready(urgent_only=True)
-        self.stats.urgent_chunk_calls += self.b.vocode_calls - calls
-
-    def _urgent(self, st: Stream, now: float) -> bool:
-        """A client with nothing to play yet (its first chunk is due), or under `refill_below_s` of audio."""
-        if st.chunk_index == 0:
-            return True
-        below = self.limits.refill_below_s
-        if below is None or st.utterance_started_s is None:
-            return False
-        return st.client_buffer_s(self.rate_hz, now) < below
 
     def _held_growth(self, st: Stream, size: int, queued: int, now: float) -> int:
         """Where the schedule grows the next chunk (say 8 → 16 frames) but the client's buffer would run dry before

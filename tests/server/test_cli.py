@@ -200,9 +200,6 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--prefill-step-share", "1"]).prefill_step_share == 1.0
     with pytest.raises(SystemExit, match="--prefill-step-share must be in"):
         parse_settings(["--prefill-step-share", "0"])
-    assert parse_settings([]).urgent_chunks_same_turn == "off"
-    with pytest.raises(SystemExit, match="--urgent-chunks-same-turn must be on or off"):
-        parse_settings(["--urgent-chunks-same-turn", "1"])
     assert (parse_settings([]).prefill_hold_below_s, parse_settings([]).prefill_hold_max_s) == (0.1, 0.25)
     assert parse_settings(["--prefill-hold-below-s", "off"]).prefill_hold_below_s is None
     assert parse_settings(["--prefill-hold-max-s", "0.03"]).prefill_hold_max_s == 0.03
@@ -221,3 +218,15 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
         parse_settings(["--compile-vocoder", "yes"])
     with pytest.raises(SystemExit, match="--max-sessions must be at least 1"):
         parse_settings(["--max-sessions", "0"])
+
+
+def test_the_prompt_hold_flags_reach_the_engines_worker_limits() -> None:
+    """--prefill-hold-below-s / --prefill-hold-max-s are the worker's prompt holds (the engine is built, not started)."""
+    from server.app import build_gateway
+    from server.settings import parse_settings
+
+    limits = build_gateway(parse_settings([])).engine.config.limits
+    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (0.1, 0.25)
+    flags = ["--prefill-hold-below-s", "off", "--prefill-hold-max-s", "0.05"]
+    limits = build_gateway(parse_settings(flags)).engine.config.limits
+    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (None, 0.05)

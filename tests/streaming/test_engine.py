@@ -269,8 +269,8 @@ def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> N
             else:
                 raise AssertionError(f"unexpected {ev!r}")
 
-    async def run(factory, **limits):
-        with running_engine(max_sessions=6, backend_factory=factory, **limits) as engine:
+    async def run(factory):
+        with running_engine(max_sessions=6, backend_factory=factory) as engine:
             assert engine._worker.overlap_vocoder is (factory is overlapped)
             others = [engine.open_session(Voice(), SynthesisSettings(seed=i)) for i in range(4)]
             for i, o in enumerate(others):
@@ -285,75 +285,19 @@ def test_vocoder_beside_the_next_step_changes_no_audio_and_no_event_order() -> N
             return events, rest
 
     serial, serial_rest = asyncio.run(run(Backend))
+    overlap, overlap_rest = asyncio.run(run(overlapped))
+    assert serial == overlap  # the same chunks in the same order, segment ends at the same places
     assert sum(1 for kind, _ in serial if kind == "segment") == 3
-    for limits in ({}, {"urgent_chunks_same_turn": True}):  # urgent chunks in their own turn: the same audio too
-        overlap, overlap_rest = asyncio.run(run(overlapped, **limits))
-        assert serial == overlap, limits  # the same chunks in the same order, segment ends at the same places
-        audio = 0
-        for kind, samples in overlap:
-            if kind == "audio":
-                audio += samples
-            else:
-                audio -= samples
-                assert audio == 0, "a segment's end arrived before all of its audio, or after the next one's"
-        for a, b in zip(serial_rest, overlap_rest, strict=True):  # seeded others: their codes and PCM are equal too
-            assert b.done is not None and not b.errors
-            assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
-
-
-@pytest.mark.parametrize(
-    ("overlap", "same_turn", "step_s", "collected_after_steps"),
-    [
-        (False, False, 0.0, [3, 7, 15]),
-        (True, False, 0.0, [4, 8, 16]),
-        (True, True, 0.0, [3, 8, 16]),
-        (True, True, 0.1, [3, 7, 15]),
-    ],
-    ids=["serial", "vocoder_overlap", "overlap_urgent_first_chunk", "overlap_urgent_dry_client"],
-)
-def test_urgent_chunks_go_out_in_the_turn_that_completed_them(
-    overlap: bool, same_turn: bool, step_s: float, collected_after_steps: list[int]
-) -> None:
-    """A seeded stream's chunks of 4, 4 and 8 frames (the prompt gives the first frame, each step one more) are
-    posted right after the step that completed them in the serial turn; beside the step (vocoder_overlap) each is
-    vocoded during the next turn's step, a turn later. With urgent_chunks_same_turn the first chunk goes out after
-    its own step again, and later chunks keep the overlap while the client has audio to play (fast steps here); when
-    the steps are slower than real time (0.1 s for 46 ms of audio) the client is nearly dry at every chunk, so every
-    chunk goes out in its own turn."""
-    collected: list[tuple[int, int]] = []  # (steps begun so far, frames) per chunk collected
-
-    class Recording(NeverEnding):
-        steps = 0
-
-        def step(self, *args, **kwargs):
-            time.sleep(step_s)
-            Recording.steps += 1
-            return super().step(*args, **kwargs)
-
-        def vocode_launch(self, slots, codes):
-            collect = super().vocode_launch(slots, codes)
-
-            def recorded():
-                collected.extend((Recording.steps, c.shape[1]) for c in codes)
-                return collect()
-
-            return recorded
-
-    def factory(config: BackendConfig) -> Backend:
-        return Recording(dataclasses.replace(config, vocoder_overlap=overlap))
-
-    settings = [SynthesisSettings(seed=3, max_new_tokens=17)]  # 4 + 4 + 8 and a tail of 1
-    refills = 0.15 if step_s else None  # with fast steps only the first chunk is urgent, however slow the machine
-    with running_engine(
-        warm_up=False, backend_factory=factory, urgent_chunks_same_turn=same_turn, refill_below_s=refills
-    ) as engine:
-        (utt,) = asyncio.run(speak_together(engine, settings, ["One stream alone."]))
-        calls = engine.stats()["urgent_chunk_calls"]
-    assert utt.done is not None and not utt.errors and utt.chunk_samples == [4 * 2048, 4 * 2048, 8 * 2048, 2048]
-    assert [steps for steps, _ in collected[:3]] == collected_after_steps, collected
-    in_turn = sum(1 for steps, own in zip(collected_after_steps, (3, 7, 15), strict=True) if steps == own)
-    assert calls == (in_turn if same_turn else 0)  # the urgent calls: the chunks that went out in their own turn
-    assert np.abs(utt.pcm - offline_decode(None, utt.codes)).max() <= 1e-4
+    audio = 0
+    for kind, samples in overlap:
+        if kind == "audio":
+            audio += samples
+        else:
+            audio -= samples
+            assert audio == 0, "a segment's end arrived before all of its audio, or after the next one's"
+    for a, b in zip(serial_rest, overlap_rest, strict=True):  # seeded others: their codes and PCM are equal too
+        assert b.done is not None and not b.errors
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
 
 
 @pytest.mark.skipif(not dual_ar_sets() or not firefly_sets(), reason="needs the upstream fixture folders")
