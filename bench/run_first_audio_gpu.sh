@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# One device call (~8 minutes on a fresh machine), written after run 22 (bench/NOTES.md "The next device call, in
-# order (written after run 22)", item 1): prompt holds, end to end with real WebSocket clients at 300, 300:low (Fish
-# `latency: low`) and 384 steady streams, on two servers of one compile cache:
-#   1. --prefill-hold-predicted on (hold only for a client under 0.1 s whose next chunk would come too late; built
-#      after run 22, CPU-tested);
-#   2. the defaults (hold for any client under 0.1 s, at most 0.25 s at a time).
-# Run 22 had, with plain holds / without holds: 300 p95 first audio 198-251 / 159-187 ms, 0 / 0-1 requests underran;
-# 384 0 % / 7 % underran; 300:low 0.3-2.2 % / 12-34 %. Predicted holds should keep the first column's underruns and
-# the second's first audio at 300 (turns holding prompts ~0 there; the worker's prompt part ~13 ms, not 25-31).
-# The servers of one configuration differed by up to ~60 ms of p95 between calls: compare within the call.
+# One device call (~8.5 minutes on a fresh machine), written after run 22 (bench/NOTES.md "The next device call, in
+# order (written after run 22)", item 1): prompt holds on and off, alternated on three servers of one compile cache,
+# at 300 and 384 steady streams, end to end with real WebSocket clients. Run 22 (four calls, one server each way per
+# call) had p95 first audio at 300 198-251 ms with holds (the default) against 159-187 ms without, no underruns
+# either way, but 7 % of requests underran at 384 without holds (0 % with, call 1) and 12-34 % at 300:low; the
+# servers of one configuration differed by up to 90 ms of p95 between calls, so this alternates within one call.
+#   servers: 1. defaults (--prefill-hold-below-s 0.1, --prefill-hold-max-s 0.25)  2. --prefill-hold-below-s off
+#            3. defaults again                                                     (VARIANTS / FIRST_SERVE_ARGS)
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_first_audio_gpu.sh
 # Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
 # Run 22's calls 2-3 ran earlier versions of this script (at 9d2ca48 and 6185f9e: first chunks, then the chunks of
@@ -20,11 +18,11 @@ device_env
 work=/tmp/first-audio
 keep_tarring $work
 python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs > /dev/null
-OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low 384}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
-  WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 300:low 384}" PROFILE_LEVEL=none \
-  SERVE_ARGS="$THROUGHPUT_SERVE_ARGS ${FIRST_SERVE_ARGS:---prefill-hold-predicted on}" \
-  WARM_VARIANTS="${VARIANTS:-default}" \
-  timeout "${E2E_LIMIT_S:-520}" bash bench/run_server_gpu.sh 2>&1 \
+OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 384}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
+  WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 384}" PROFILE_LEVEL=none \
+  SERVE_ARGS="$THROUGHPUT_SERVE_ARGS ${FIRST_SERVE_ARGS:-}" \
+  WARM_VARIANTS="${VARIANTS:---prefill-hold-below-s off;default}" \
+  timeout "${E2E_LIMIT_S:-540}" bash bench/run_server_gpu.sh 2>&1 \
   | grep -E "$E2E_LINES" | grep -v "startup_" | head -40
 cat $work/turns.txt 2>/dev/null | cut -c1-300
 stop_tarring $work

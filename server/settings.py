@@ -188,12 +188,6 @@ class Settings:
         metadata={"help": "the longest new prompts wait at a time under --prefill-hold-below-s, so a burst still "
                   "gets in"},
     )  # fmt: skip
-    prefill_hold_predicted: str = field(
-        default="off",
-        metadata={"help": "on | off: hold new prompts only for a client under --prefill-hold-below-s whose next chunk "
-                  "will not reach it in time at the current turn time (H200 run 22: the plain holds at 300 streams "
-                  "held prompts for clients that never ran dry without them). Not yet measured on a GPU"},
-    )  # fmt: skip
     admission_per_turn: int | None = field(
         default=None,
         metadata={"help": "with --admission-turn-fraction: admit at most this many new sessions between two decoding "

@@ -87,11 +87,6 @@ class WorkerLimits:
     # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
     prefill_hold_below_s: float | None = 0.1
     prefill_hold_max_s: float = 0.25
-    # Hold only for a client under prefill_hold_below_s whose next chunk will not reach it in time at the current turn
-    # time (the frames it still needs, one a turn, plus the vocoder's turn beside the step): H200 run 22 held prompts
-    # in 13-15 % of turns at 300 streams that never ran dry without holds (their prompts 25-31 ms to the first frame
-    # instead of 13-14), while 384 streams and `latency: low` clients did run dry without them.
-    prefill_hold_predicted: bool = False
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
     # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
     grow_chunks_with_buffer: bool = True
@@ -138,12 +133,6 @@ class WorkerStats:
     first_audio_wait_s: float = 0.0
     first_audio_prefill_s: float = 0.0
     first_audio_decode_s: float = 0.0
-
-
-def next_chunk_in_s(frames_needed: int, overlapped: bool, turn_s: float) -> float:
-    """When a stream's next chunk reaches its client at `turn_s` a turn: one frame a turn until the chunk is full,
-    then, with the vocoder beside the step, the next turn's vocoder call (serially it goes out with the last frame)."""
-    return (frames_needed + int(overlapped)) * turn_s
 
 
 PREFILL_SMOOTHING = 0.2  # weight of the newest call in the step and prefill running averages
@@ -522,26 +511,18 @@ class Worker:
             self._prefill_held_since = None
             return False
         now = time.monotonic()
-        dry = any(self._runs_dry(st, gate, now) for st in self.streams.values())
+        dry = any(
+            st.phase is Phase.DECODE
+            and st.utterance_started_s is not None
+            and st.client_buffer_s(self.rate_hz, now) < gate
+            for st in self.streams.values()
+        )
         if not dry:
             self._prefill_held_since = None
             return False
         if self._prefill_held_since is None:
             self._prefill_held_since = now
         return now - self._prefill_held_since < self.limits.prefill_hold_max_s
-
-    def _runs_dry(self, st: Stream, gate_s: float, now: float) -> bool:
-        """A decoding stream whose client has under `gate_s` of audio left — with `prefill_hold_predicted`, only if its
-        next chunk will not reach the client before that runs out at the current turn time."""
-        if st.phase is not Phase.DECODE or st.utterance_started_s is None:
-            return False
-        buffer_s = st.client_buffer_s(self.rate_hz, now)
-        if buffer_s >= gate_s:
-            return False
-        if not self.limits.prefill_hold_predicted:
-            return True
-        frames_needed = max(st.schedule.size(st.chunk_index) - len(st.vocoder_queue), 0)
-        return buffer_s < next_chunk_in_s(frames_needed, self.overlap_vocoder, self.admission.turn_avg_s)
 
     def _reuse_prefix(self, st: Stream) -> None:
         """Copy a cached voice prefix into this stream's row instead of prefilling it again."""

@@ -221,14 +221,12 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
 
 
 def test_the_prompt_hold_flags_reach_the_engines_worker_limits() -> None:
-    """--prefill-hold-below-s / -max-s / -predicted are the worker's prompt holds (the engine is built, not started)."""
+    """--prefill-hold-below-s / --prefill-hold-max-s are the worker's prompt holds (the engine is built, not started)."""
     from server.app import build_gateway
     from server.settings import parse_settings
 
     limits = build_gateway(parse_settings([])).engine.config.limits
-    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s, limits.prefill_hold_predicted) == (0.1, 0.25, False)
-    flags = ["--prefill-hold-below-s", "off", "--prefill-hold-max-s", "0.05", "--prefill-hold-predicted", "on"]
+    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (0.1, 0.25)
+    flags = ["--prefill-hold-below-s", "off", "--prefill-hold-max-s", "0.05"]
     limits = build_gateway(parse_settings(flags)).engine.config.limits
-    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s, limits.prefill_hold_predicted) == (None, 0.05, True)
-    with pytest.raises(SystemExit, match="--prefill-hold-predicted must be on or off"):
-        parse_settings(["--prefill-hold-predicted", "yes"])
+    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (None, 0.05)

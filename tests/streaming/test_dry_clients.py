@@ -129,11 +129,10 @@ class VerySlowNeverEnding(SlowNeverEnding):
     step_s = 0.12  # 4 frames (0.19 s of audio) take 0.48 s: the client is dry for ~0.3 s before each chunk
 
 
-@pytest.mark.parametrize(("hold_below_s", "predicted"), [(None, False), (0.1, False), (0.1, True)])
-def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s, predicted) -> None:
+@pytest.mark.parametrize("hold_below_s", [None, 0.1])
+def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s) -> None:
     """Stream A decodes much slower than real time, so its client runs dry between chunks; B arrives while it is
-    dry. With holds on, B's prompt waits (bounded: B still finishes) — also when holds wait only for a client whose
-    next chunk comes too late (prefill_hold_predicted), as A's does here; with holds off it goes straight in. Either
+    dry. With holds on, B's prompt waits (bounded: B still finishes); with holds off it goes straight in. Either
     way both utterances complete."""
 
     async def main(engine: Engine):
@@ -146,7 +145,6 @@ def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s,
         return first, await asyncio.gather(collect(a), speak(b, "Short."))
 
     limits = {"refill_below_s": 0.15, "prefill_hold_below_s": hold_below_s, "prefill_hold_max_s": 0.25}
-    limits["prefill_hold_predicted"] = predicted
     with running_engine(
         RANDOM_TINY_MODEL, max_sessions=2, backend_factory=VerySlowNeverEnding, warm_up=False, **limits
     ) as engine:
@@ -155,50 +153,6 @@ def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s,
     assert len(first) == 4 and rest_a.done is not None and b.done is not None and b.done.reason == "stop"
     assert b.codes.shape[1] == 8 and len(b.pcm) == 8 * SPF
     assert (holds > 0) == (hold_below_s is not None), holds
-
-
-@pytest.mark.parametrize(
-    ("buffer_s", "queued", "plain", "predicted"),
-    [
-        (0.05, 0, True, True),  # 4 more frames at 30 ms a turn: the chunk comes 0.12 s on, the client is dry at 0.05
-        (0.05, 3, True, False),  # 1 more frame: it comes in 0.03 s, before the client runs dry; plain holds anyway
-        (0.2, 0, False, False),  # over the 0.1 s gate: no hold either way
-    ],
-)
-def test_predicted_holds_wait_only_for_a_client_its_next_chunk_would_reach_too_late(
-    buffer_s: float, queued: int, plain: bool, predicted: bool
-) -> None:
-    """The hold decision on a worker (not running) with one decoding stream at a 30 ms turn average: its client has
-    `buffer_s` of audio left and its next 4-frame chunk has `queued` frames. Plain holds wait whenever the client is
-    under the gate; predicted holds only when the chunk would come after the client ran dry."""
-    import queue
-    import types
-
-    from streaming.backend import Backend, BackendConfig
-    from streaming.chunking import ChunkSchedule
-    from streaming.stream_state import Phase, Stream
-    from streaming.worker import Worker, WorkerLimits, next_chunk_in_s
-
-    assert next_chunk_in_s(4, False, 0.03) == pytest.approx(0.12)
-    assert next_chunk_in_s(0, True, 0.03) == pytest.approx(0.03)  # full: the vocoder's turn beside the next step
-    backend = Backend(BackendConfig(checkpoint=RANDOM_TINY_MODEL, max_sessions=2))
-    assert not backend.overlap_vocoder
-    decisions = []
-    for hold_predicted in (False, True):
-        limits = WorkerLimits(prefill_hold_below_s=0.1, prefill_hold_max_s=0.25, prefill_hold_predicted=hold_predicted)
-        worker = Worker(backend, queue.Queue(maxsize=8), limits)
-        worker.admission.record_turn(0.03, rows=1)
-        session = types.SimpleNamespace(id=1)
-        st = Stream(session=session, slot=0, seed=1, schedule=ChunkSchedule((4,)), prefix=None)  # type: ignore[arg-type]
-        st.phase, st.chunk_index, st.vocoder_queue = Phase.DECODE, 1, [np.zeros(8, np.int64)] * queued
-        played_s = 1.0  # the client started 1 s ago and was sent 1 s + buffer_s of audio
-        st.utterance_started_s = time.monotonic() - played_s
-        st.utterance_samples = round((played_s + buffer_s) * worker.rate_hz)
-        worker.streams[session.id] = st
-        worker.rows.open(session.id)
-        worker.rows.activate(session.id)
-        decisions.append(worker._hold_prefill())
-    assert decisions == [plain, predicted]
 
 
 def test_the_chunk_schedule_starts_over_only_after_the_client_ran_dry() -> None:
