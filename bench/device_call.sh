@@ -1,4 +1,5 @@
 # Sourced by the bench/run_*_gpu.sh device calls (repo root, wheels in .whl, carried with carry [".whl"]):
+#   begin_call WORK       device_env, then keep_tarring WORK: how every call starts
 #   device_env            installs the carried wheels into /tmp/site and puts them first on PYTHONPATH and PATH
 #   keep_tarring WORK     from now on, every 20 s, WORK's files as $OUT/all.tgz (a call cut short returns them)
 #   stop_tarring WORK     the last, complete all.tgz
@@ -11,6 +12,10 @@ THROUGHPUT_SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --v
 device_env() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+}
+begin_call() {
+  device_env
+  keep_tarring "$1"
 }
 keep_tarring() {
   mkdir -p "$OUT" "$1"

@@ -14,10 +14,8 @@
 set -u
 OUT=${OUT:-/tmp/fishgate-first-audio}
 source bench/device_call.sh
-device_env
 work=/tmp/first-audio
-keep_tarring $work
-python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs > /dev/null
+begin_call $work
 OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 384}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
   WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 384}" PROFILE_LEVEL=none \
   SERVE_ARGS="$THROUGHPUT_SERVE_ARGS ${FIRST_SERVE_ARGS:-}" \

@@ -11,9 +11,8 @@
 set -u
 OUT=${OUT:-/tmp/fishgate-low-latency}
 source bench/device_call.sh
-device_env
 work=/tmp/low-latency
-keep_tarring $work
+begin_call $work
 python3 -m bench.make_checkpoint /tmp/ckpt /tmp/refs > /dev/null
 timeout 90 python3 -m bench.load_weights /tmp/ckpt --out $work/load_weights.json 2>&1 | tee $work/load_weights.txt
 OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 300:low}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \

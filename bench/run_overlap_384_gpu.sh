@@ -8,10 +8,9 @@
 set -u
 OUT=${OUT:-/tmp/fishgate-overlap-384}
 source bench/device_call.sh
-device_env
 work=/tmp/overlap-384
 mkdir -p $work/start $work/levels
-keep_tarring $work
+begin_call $work
 common=(SKIP_TESTS=1 LEVELS="" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 WARM_CONC=16 GRAPH_WAIT_S=90
   SERVE_ARGS="$THROUGHPUT_SERVE_ARGS")
 env "${common[@]}" OUT=$work/start WARM_VARIANTS="--graphs-up-front 1" \

@@ -8,9 +8,8 @@
 set -u
 OUT=${OUT:-/tmp/fishgate-vocoder-ab}
 source bench/device_call.sh
-device_env
 work=/tmp/vocoder-ab
-keep_tarring $work
+begin_call $work
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 120 python3 -m pytest -q -s tests/streaming/test_engine_gpu.py -p no:cacheprovider -k "beside_the_step" \
     -rA --tb=short > $work/gpu_tests.txt 2>&1

@@ -10,9 +10,8 @@
 set -u
 OUT=${OUT:-/tmp/fishgate-vocoder-overlap}
 source bench/device_call.sh
-device_env
 work=/tmp/vocoder-overlap
-keep_tarring $work
+begin_call $work
 timeout 200 python3 -m pytest -q -s tests/streaming/test_engine_gpu.py tests/model/test_gpu.py -p no:cacheprovider \
   -k "beside_the_step or merged_chunk_lengths" -rA --tb=short > $work/gpu_tests.txt 2>&1
 grep -E "overlap vs serial|PASSED|FAILED|passed|failed" $work/gpu_tests.txt | head -8
