@@ -87,6 +87,7 @@ class GraphedVocoder:
         self._capture_stream = torch.cuda.Stream(priority=-1)
         self.replay_ms: dict[tuple[int, int], float] = {}  # each captured graph's replay time
         self.last_rows_run = 0  # rows the last decode ran, padding included (for the caller's accounting)
+        self.last_replay_ms = 0.0  # what the last decode's replays took when timed alone at capture (`replay_ms`)
         self.rerouted_calls = 0  # calls run on another bucket's graph than their own (`plan`)
         self.captures = 0  # graphs captured (at start-up, in idle time, or on first use inside a turn)
         self._rerouted: set[tuple[int, int]] = set()  # (batch, frames) shapes whose reroute was logged
@@ -157,6 +158,7 @@ class GraphedVocoder:
             self.capture(own, frames)
         bucket, replays = self.plan(batch, frames)
         self.last_rows_run = bucket * replays
+        self.last_replay_ms = replays * self.replay_ms.get((bucket, frames), 0.0)
         self.rerouted_calls += bucket != own
         if replays == 1:
             return self._replay(bucket, codes, slots, valid)

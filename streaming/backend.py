@@ -184,6 +184,11 @@ class Backend:
         self.vocode_calls = 0
         self.graphs_missing = 0  # see count_missing_graphs; set by the worker after warm-up and each idle capture
         self.vocode_frames_run = 0
+        # the vocoder calls' time on the device (CUDA events around each launch: beside the decode step when it runs
+        # there) and what their graphs took alone when timed at capture: the difference is the cost of sharing the GPU
+        self.vocode_device_ms = 0.0
+        self.vocode_graph_ms = 0.0
+        self._vocode_events: collections.deque[tuple[torch.cuda.Event, torch.cuda.Event]] = collections.deque()
         self._staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
         # the vocoder's codes and slots have their own staging buffer: its copies are read on the vocoder's stream
         self._vocoder_staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
@@ -492,6 +497,10 @@ class Backend:
             audio = audio_t.cpu().numpy()
             for j, i in enumerate(batch):
                 out[i] = audio[j, : codes[i].shape[1] * spf]
+        if calls and self._vocode_events:  # the oldest launch is this one: launches are collected in order
+            start, end = self._vocode_events.popleft()
+            end.synchronize()  # recorded right after the copies just waited for
+            self.vocode_device_ms += start.elapsed_time(end)
         return [a for a in out if a is not None]
 
     def _launch_vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
@@ -501,6 +510,10 @@ class Backend:
         # every call is launched before the first result is read, so the device runs them back to back and the
         # turn waits once; each result is copied out at once (a graph's output is overwritten by its next replay)
         launched: list[tuple[list[int], torch.Tensor]] = []
+        timed = self.device.type == "cuda" and bool(codes)
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         for frames, members in call_groups(sizes, self.merge_padding, step):
             for batch in (members[k : k + step] for k in range(0, len(members), step)):
                 stacked = np.zeros((len(batch), codes[batch[0]].shape[0], frames), dtype=codes[batch[0]].dtype)
@@ -516,12 +529,16 @@ class Backend:
                 if self.vocoder_graphs is not None:  # a graph's output buffer is reused: copy it out
                     audio = self.vocoder_graphs.decode(codes_t, slots_t, valid_t).to(torch.float32, copy=True)
                     rows_run = self.vocoder_graphs.last_rows_run
+                    self.vocode_graph_ms += self.vocoder_graphs.last_replay_ms
                 else:
                     audio = self.vocoder.decode(codes_t, slots_t, valid_t).to(torch.float32)
                     rows_run = len(batch)
                 launched.append((batch, audio))
                 self.vocode_calls += 1
                 self.vocode_frames_run += rows_run * frames  # graph padding rows and padded frames included
+        if timed:
+            end.record()
+            self._vocode_events.append((start, end))
         return launched
 
     def _on_vocoder_stream(self) -> contextlib.AbstractContextManager:

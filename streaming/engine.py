@@ -309,6 +309,9 @@ class Engine:
             "first_audio_decode_seconds": round(s.first_audio_decode_s, 3),
             "vocode_calls": w.b.vocode_calls,
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
+            # the vocoder's calls on the device (beside the step when it runs there), and their graphs' time alone
+            "vocode_device_seconds": round(w.b.vocode_device_ms / 1e3, 4),
+            "vocode_graph_seconds": round(w.b.vocode_graph_ms / 1e3, 4),
             # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)
             "vocode_rerouted_calls": w.b.vocoder_graphs.rerouted_calls if w.b.vocoder_graphs is not None else 0,
             # graphs captured so far (start-up, idle time, first use: a level that grows it paid captures in turns)

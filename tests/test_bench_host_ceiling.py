@@ -99,3 +99,7 @@ def test_turn_attribution_reports_vocoder_calls_and_padding_from_the_engines_cou
         after, vocode_frames_run=after["vocode_frames_run"] + (after["vocoded_frames"] - before["vocoded_frames"])
     )
     assert attribution(counters_from_text(dump(before)), counters_from_text(dump(padded)))["vocode_padding"] == 0.5
+    assert a["vocode_device_ms"] == a["vocode_graph_ms"] == 0.0  # CPU: no CUDA events, no vocoder graphs
+    timed = dict(after, turns=before["turns"] + 10, vocode_device_seconds=0.2, vocode_graph_seconds=0.05)
+    b = attribution(counters_from_text(dump(before)), counters_from_text(dump(timed)))
+    assert (round(b["vocode_device_ms"], 6), round(b["vocode_graph_ms"], 6)) == (20.0, 5.0)  # per turn

@@ -81,6 +81,14 @@ def test_vocoder_beside_the_step_on_cuda_gives_the_serial_audio_and_no_stall() -
                 o.end_utterance()
             seeded = [engine.open_session(Voice(), SynthesisSettings(seed=3 + i, max_new_tokens=60)) for i in range(2)]
             outs = await asyncio.gather(*(speak(s, *TEXTS) for s in seeded), *(collect(o) for o in others))
+            stats = engine.stats()
+            # every collected launch was timed on the device, and its graphs have capture-time replay times
+            assert not engine._worker.b._vocode_events
+            assert stats["vocode_device_seconds"] > 0 and stats["vocode_graph_seconds"] > 0, stats
+            print(
+                f"vocoder on the device {stats['vocode_device_seconds']:.3f} s, its graphs alone "
+                f"{stats['vocode_graph_seconds']:.3f} s ({'serial' if factory is serial else 'overlapped'})"
+            )
             return outs[:2], engine._worker.stats.turn_max_s
 
     serial_outs, _ = asyncio.run(run(serial))
