@@ -6,8 +6,8 @@ prints one table row: turns, ms per turn, the share of prefill, decode step, voc
 event posting), frames per step, vocoder calls per turn and the share of vocoded frames that were graph padding; then
 the mean worker-side way of an utterance to its first audio (first_audio_*: waiting for its first segment to start,
 its prompt to the first frame, decoding and vocoding its first chunk), where the server has those counters, with the
-turns that held new prompts back (prefill_holds); and the vocoder's time on the device a turn beside what its graphs
-took alone (vocode_device_seconds, vocode_graph_seconds; CUDA only).
+turns that held new prompts back (prefill_holds); and the GPU's time a turn on prompts, steps and vocoder calls beside
+what the vocoder's graphs took alone (*_device_seconds, vocode_graph_seconds; CUDA only).
 
     python bench/turn_attribution.py before.txt after.txt --level 256
 """
@@ -54,8 +54,9 @@ def attribution(before: dict[str, float], after: dict[str, float]) -> dict[str, 
            for k in ("wait", "prefill", "decode")},
         # turns that held new prompts back for a nearly dry client
         "prefill_holds": d.get("prefill_holds", 0.0),
-        # the vocoder's calls on the device a turn (beside the step when it runs there), and their graphs' time alone
-        "vocode_device_ms": 1000 * d.get("vocode_device_seconds", 0.0) / turns,
+        # the GPU's time a turn on prompts (with first frames), steps and vocoder calls (beside the step when it runs
+        # there), and the vocoder's graphs' time alone (timed at capture)
+        **{f"{k}_device_ms": 1000 * d.get(f"{k}_device_seconds", 0.0) / turns for k in ("prefill", "step", "vocode")},
         "vocode_graph_ms": 1000 * d.get("vocode_graph_seconds", 0.0) / turns,
     }  # fmt: skip
 
@@ -73,10 +74,10 @@ def main() -> None:
         f"{a['frames_per_step']:.1f} frames/step; {a['vocode_calls_per_turn']:.2f} vocoder calls/turn, "
         f"{100 * a['vocode_padding']:.0f} % of vocoded frames padding"
     )
-    if a["vocode_device_ms"]:
+    if a["step_device_ms"]:
         print(
-            f"  vocoder on the device {a['vocode_device_ms']:.1f} ms a turn; its graphs alone (timed at capture) "
-            f"{a['vocode_graph_ms']:.1f} ms"
+            f"  on the GPU a turn: prefill {a['prefill_device_ms']:.1f} + step {a['step_device_ms']:.1f} ms; vocoder "
+            f"{a['vocode_device_ms']:.1f} ms, its graphs alone (timed at capture) {a['vocode_graph_ms']:.1f} ms"
         )
     if a["first_audio_utterances"]:
         print(

@@ -36,6 +36,7 @@ from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 from .chunking import all_chunk_sizes, call_groups
+from .device_times import DeviceTimes
 from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
 
 log = logging.getLogger(__name__)
@@ -184,11 +185,11 @@ class Backend:
         self.vocode_calls = 0
         self.graphs_missing = 0  # see count_missing_graphs; set by the worker after warm-up and each idle capture
         self.vocode_frames_run = 0
-        # the vocoder calls' time on the device (CUDA events around each launch: beside the decode step when it runs
-        # there) and what their graphs took alone when timed at capture: the difference is the cost of sharing the GPU
-        self.vocode_device_ms = 0.0
+        # the GPU's time on the turn's prefill, step and vocoder work (CUDA events; the vocoder's beside the step when
+        # it runs there), and what the vocoder's graphs took alone when timed at capture: the vocoder's two differ
+        # by the cost of sharing the GPU
+        self.device_times = DeviceTimes(self.device.type == "cuda")
         self.vocode_graph_ms = 0.0
-        self._vocode_events: collections.deque[tuple[torch.cuda.Event, torch.cuda.Event]] = collections.deque()
         self._staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
         # the vocoder's codes and slots have their own staging buffer: its copies are read on the vocoder's stream
         self._vocoder_staging = PinnedStaging(STAGING_BYTES, self.device) if self.device.type == "cuda" else None
@@ -393,6 +394,12 @@ class Backend:
         Batch-invariant engines prefill row by row (a batched pass attends over the batch's longest length, which
         changes summation order); the others run one right-padded batch: one pass instead of B. With graph_prefill
         the stepper runs either through its bucketed static passes (model.prefill_graphs) where the prompts fit."""
+        with self.device_times.span("prefill"):
+            return self._prefill_many(rows, prompts, start_positions)
+
+    def _prefill_many(
+        self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if len(rows) == 1 or self.batch_invariant:
             outs = [self.stepper.prefill(r, p, s) for r, p, s in zip(rows, prompts, start_positions, strict=True)]
             return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
@@ -422,7 +429,10 @@ class Backend:
                 [self.start_segments([r], logits[i : i + 1], hidden[i : i + 1], [p])
                  for i, (r, p) in enumerate(zip(rows, next_positions, strict=True))]
             )  # fmt: skip
-        return self.stepper.start_segments(list(rows), logits, hidden, list(next_positions)).cpu().numpy()
+        with self.device_times.span("prefill"):  # the first frames count with the prompts' passes
+            frames = self.stepper.start_segments(list(rows), logits, hidden, list(next_positions)).cpu().numpy()
+        self.device_times.settle()
+        return frames
 
     def step(
         self, rows: int, commit: Sequence[bool], max_pos: int, while_running: Callable[[], None] | None = None
@@ -430,8 +440,10 @@ class Backend:
         """One decode step over rows [0, rows); `commit[i]` says whether row i advances. Returns (rows, 1+nc).
         `while_running` runs once the step is queued, before the host waits for it (see DecodeStepper.step)."""
         self.stepper.set_commit(list(commit))
-        frames = self.stepper.step(rows, max_pos, while_running).numpy()
+        with self.device_times.span("step"):
+            frames = self.stepper.step(rows, max_pos, while_running).numpy()
         self._release_staging()  # the step synchronised the stream: every staged copy has been read
+        self.device_times.settle()
         return frames
 
     def swap_rows(self, a: int, b: int, length_a: int, length_b: int) -> None:
@@ -497,10 +509,7 @@ class Backend:
             audio = audio_t.cpu().numpy()
             for j, i in enumerate(batch):
                 out[i] = audio[j, : codes[i].shape[1] * spf]
-        if calls and self._vocode_events:  # the oldest launch is this one: launches are collected in order
-            start, end = self._vocode_events.popleft()
-            end.synchronize()  # recorded right after the copies just waited for
-            self.vocode_device_ms += start.elapsed_time(end)
+        self.device_times.settle()
         return [a for a in out if a is not None]
 
     def _launch_vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
@@ -510,35 +519,29 @@ class Backend:
         # every call is launched before the first result is read, so the device runs them back to back and the
         # turn waits once; each result is copied out at once (a graph's output is overwritten by its next replay)
         launched: list[tuple[list[int], torch.Tensor]] = []
-        timed = self.device.type == "cuda" and bool(codes)
-        if timed:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        for frames, members in call_groups(sizes, self.merge_padding, step):
-            for batch in (members[k : k + step] for k in range(0, len(members), step)):
-                stacked = np.zeros((len(batch), codes[batch[0]].shape[0], frames), dtype=codes[batch[0]].dtype)
-                for j, i in enumerate(batch):  # a shorter chunk is padded with code 0 (its audio is cut off again)
-                    stacked[j, :, : sizes[i]] = codes[i]
-                codes_t = self._to_device(torch.from_numpy(stacked), self._vocoder_staging)
-                slots_t = self._to_device(torch.tensor([slots[i] for i in batch]), self._vocoder_staging)
-                valid_t = (
-                    self._to_device(torch.tensor([sizes[i] for i in batch]), self._vocoder_staging)
-                    if self.merge_padding > 0
-                    else None
-                )
-                if self.vocoder_graphs is not None:  # a graph's output buffer is reused: copy it out
-                    audio = self.vocoder_graphs.decode(codes_t, slots_t, valid_t).to(torch.float32, copy=True)
-                    rows_run = self.vocoder_graphs.last_rows_run
-                    self.vocode_graph_ms += self.vocoder_graphs.last_replay_ms
-                else:
-                    audio = self.vocoder.decode(codes_t, slots_t, valid_t).to(torch.float32)
-                    rows_run = len(batch)
-                launched.append((batch, audio))
-                self.vocode_calls += 1
-                self.vocode_frames_run += rows_run * frames  # graph padding rows and padded frames included
-        if timed:
-            end.record()
-            self._vocode_events.append((start, end))
+        with self.device_times.span("vocode"):
+            for frames, members in call_groups(sizes, self.merge_padding, step):
+                for batch in (members[k : k + step] for k in range(0, len(members), step)):
+                    stacked = np.zeros((len(batch), codes[batch[0]].shape[0], frames), dtype=codes[batch[0]].dtype)
+                    for j, i in enumerate(batch):  # a shorter chunk is padded with code 0 (its audio is cut off)
+                        stacked[j, :, : sizes[i]] = codes[i]
+                    codes_t = self._to_device(torch.from_numpy(stacked), self._vocoder_staging)
+                    slots_t = self._to_device(torch.tensor([slots[i] for i in batch]), self._vocoder_staging)
+                    valid_t = (
+                        self._to_device(torch.tensor([sizes[i] for i in batch]), self._vocoder_staging)
+                        if self.merge_padding > 0
+                        else None
+                    )
+                    if self.vocoder_graphs is not None:  # a graph's output buffer is reused: copy it out
+                        audio = self.vocoder_graphs.decode(codes_t, slots_t, valid_t).to(torch.float32, copy=True)
+                        rows_run = self.vocoder_graphs.last_rows_run
+                        self.vocode_graph_ms += self.vocoder_graphs.last_replay_ms
+                    else:
+                        audio = self.vocoder.decode(codes_t, slots_t, valid_t).to(torch.float32)
+                        rows_run = len(batch)
+                    launched.append((batch, audio))
+                    self.vocode_calls += 1
+                    self.vocode_frames_run += rows_run * frames  # graph padding rows and padded frames included
         return launched
 
     def _on_vocoder_stream(self) -> contextlib.AbstractContextManager:

@@ -29,6 +29,7 @@ from .session import Close, Session, Speak, SynthesisSettings, Voice
 from .worker import Worker, WorkerLimits, run_forever
 
 log = logging.getLogger(__name__)
+DEVICE_PARTS = ("prefill", "step", "vocode")  # Backend.device_times spans on /metrics
 
 # Commands in flight from all sessions together; a full queue refuses new work instead of growing. A session's one
 # Close is never refused (a refused Close would leave the worker holding its slot while the engine counted it free),
@@ -309,8 +310,12 @@ class Engine:
             "first_audio_decode_seconds": round(s.first_audio_decode_s, 3),
             "vocode_calls": w.b.vocode_calls,
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
-            # the vocoder's calls on the device (beside the step when it runs there), and their graphs' time alone
-            "vocode_device_seconds": round(w.b.vocode_device_ms / 1e3, 4),
+            # the GPU's time on the turns' prompt passes and first frames, steps and vocoder calls (the vocoder's beside
+            # the step when it runs there; streaming.device_times), and the vocoder's graphs' time alone at capture
+            **{
+                f"{part}_device_seconds": round(w.b.device_times.seconds[part], 4)
+                for part in ("prefill", "step", "vocode")
+            },
             "vocode_graph_seconds": round(w.b.vocode_graph_ms / 1e3, 4),
             # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)
             "vocode_rerouted_calls": w.b.vocoder_graphs.rerouted_calls if w.b.vocoder_graphs is not None else 0,
