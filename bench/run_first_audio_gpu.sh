@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~8.5 minutes on a fresh machine), written after run 22 (bench/NOTES.md "The next device call, in
+# One device call (~9 minutes on a fresh machine), written after run 22 (bench/NOTES.md "The next device call, in
 # order (written after run 22)", item 1): prompt holds on and off, alternated on three servers of one compile cache,
 # at 300 and 384 steady streams, end to end with real WebSocket clients. Run 22 (four calls, one server each way per
 # call) had p95 first audio at 300 198-251 ms with holds (the default) against 159-187 ms without, no underruns
@@ -16,11 +16,14 @@ OUT=${OUT:-/tmp/fishgate-first-audio}
 source bench/device_call.sh
 work=/tmp/first-audio
 begin_call $work
+# the device timing every level below prints (streaming/device_times.py, built after run 22): its GPU test first
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/streaming/test_engine_gpu.py -k device_times_add_up 2>&1 \
+  | tail -3 | tee $work/gpu_test.txt
 OUT=$work SKIP_TESTS=1 LEVELS="${LEVELS:-300 384}" WAVES=2 RAMP_S=9 LEVEL_TIMEOUT_S=100 READY_LIMIT_S=240 \
   WARM_CONC=16 GRAPH_WAIT_S=90 WARM_LEVELS="${WARM_LEVELS:-300 384}" PROFILE_LEVEL=none \
   SERVE_ARGS="$THROUGHPUT_SERVE_ARGS ${FIRST_SERVE_ARGS:-}" \
   WARM_VARIANTS="${VARIANTS:---prefill-hold-below-s off;default}" \
-  timeout "${E2E_LIMIT_S:-540}" bash bench/run_server_gpu.sh 2>&1 \
+  timeout "${E2E_LIMIT_S:-520}" bash bench/run_server_gpu.sh 2>&1 \
   | grep -E "$E2E_LINES" | grep -v "startup_" | head -40
 cat $work/turns.txt 2>/dev/null | cut -c1-300
 stop_tarring $work
