@@ -57,9 +57,14 @@ def split_count(rows: int, kv_heads: int, length: int) -> int:
 def length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """softmax(q·kᵀ/√d)·v over each row's first `lengths[b]` keys. q (B, Hkv, G, D): the G query heads of each kv
     head; keys/values (B, Hkv, L, D), any strides with the last one 1; lengths (B,) int, 1 ≤ lengths[b] ≤ L (clamped
-    to L). Returns (B, Hkv, G, D) in q's dtype. A custom op: torch.compile keeps it opaque (the launch grid needs
-    concrete sizes, and the large buckets compile with a symbolic batch)."""
-    return torch.ops.fishgate.length_attention(q, keys, values, lengths)
+    to L). Returns (B, Hkv, G, D) in q's dtype. Traced by torch.compile it is a custom op, which the compiled graph
+    keeps opaque (the launch grid needs concrete sizes, and the large buckets compile with a symbolic batch);
+    otherwise the kernels are launched directly: the op's first call imports torch._dynamo and torch._inductor
+    (1.5 s on a 2-core CPU; the H200 engine's 4.4-6.9 s kernel self-check at start-up, run 22), which an engine that
+    compiles nothing never needs."""
+    if torch.compiler.is_compiling():
+        return torch.ops.fishgate.length_attention(q, keys, values, lengths)
+    return _launch(q, keys, values, lengths)
 
 
 def self_check(
@@ -96,6 +101,11 @@ def self_check(
 
 @torch.library.custom_op("fishgate::length_attention", mutates_args=())
 def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return _launch(q, keys, values, lengths)
+
+
+def _launch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The split kernel (and the merge kernel when the length is split) for `length_attention`."""
     bsz, kv_heads, group, dim = q.shape
     length = keys.shape[2]
     assert keys.stride(-1) == 1 and values.stride(-1) == 1, "keys and values need unit stride in the head dim"

@@ -236,8 +236,9 @@ class Backend:
         self._encoder_stream: torch.cuda.Stream | None = None
         self.timings_s["load_weights"] = time.perf_counter() - t0
         # its parts: the DualAR with the attention kernel's self-check, the codec (H200 run 22: DualAR 4.8-10.9 s, of it
-        # the check 4.4-10.1 s — its first call of the custom op imports torch._dynamo and torch._inductor, which a
-        # compiling server's first capture would import otherwise; codec 0.2-0.3 s)
+        # the check 4.4-10.1 s — then its first call of the custom op imported torch._dynamo and torch._inductor;
+        # eager calls skip the op since, so a compiling server pays that import at its first capture instead, and
+        # one that compiles nothing never; codec 0.2-0.3 s)
         self.timings_s["load_weights_dual_ar"] = t1 - t0
         self.timings_s["load_weights_codec"] = self.timings_s["load_weights"] - (t1 - t0)
 
