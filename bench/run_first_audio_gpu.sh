@@ -4,7 +4,7 @@
 # at 300 and 384 steady streams, end to end with real WebSocket clients. Run 22 (four calls, one server each way per
 # call) had p95 first audio at 300 198-251 ms with holds (the default) against 159-187 ms without, no underruns
 # either way, but 7 % of requests underran at 384 without holds (0 % with, call 1) and 12-34 % at 300:low; the
-# servers of one configuration differed by up to 90 ms of p95 between calls, so this alternates within one call.
+# servers of one configuration differed by ~50 ms of p95 between calls, so this alternates within one call.
 #   servers: 1. defaults (--prefill-hold-below-s 0.1, --prefill-hold-max-s 0.25)  2. --prefill-hold-below-s off
 #            3. defaults again                                                     (VARIANTS / FIRST_SERVE_ARGS)
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_first_audio_gpu.sh
