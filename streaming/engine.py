@@ -312,10 +312,7 @@ class Engine:
             "vocode_frames_run": w.b.vocode_frames_run,  # ≥ vocoded_frames: the difference is graph padding
             # the GPU's time on the turns' prompt passes and first frames, steps and vocoder calls (the vocoder's beside
             # the step when it runs there; streaming.device_times), and the vocoder's graphs' time alone at capture
-            **{
-                f"{part}_device_seconds": round(w.b.device_times.seconds[part], 4)
-                for part in ("prefill", "step", "vocode")
-            },
+            **{f"{part}_device_seconds": round(w.b.device_times.seconds[part], 4) for part in DEVICE_PARTS},
             "vocode_graph_seconds": round(w.b.vocode_graph_ms / 1e3, 4),
             # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)
             "vocode_rerouted_calls": w.b.vocoder_graphs.rerouted_calls if w.b.vocoder_graphs is not None else 0,
