@@ -13,6 +13,8 @@
 #   the server again on the now warm cache: the warm start-up figure, then one level-1 pass; WARM_SERVE_ARGS adds
 #   flags to that start and WARM_LEVELS runs more levels on it; WARM_VARIANTS="default;--flag x" restarts once per
 #   variant, see the end of this file)
+#   STARTUP_SPY=1 ...   (py-spy every server from its process start to ready: spy_start_<log>.txt and its summary, the
+#   samples by start-up part — bench/spy_summary.py --startup)
 set -u
 OUT=${OUT:-/tmp/fishgate-server-bench}
 mkdir -p "$OUT"
@@ -39,8 +41,18 @@ python3 -m server.cli serve --checkpoint /tmp/ckpt --references-dir /tmp/refs --
   --max-sessions "${MAX_SESSIONS:-512}" --max-seq-len "${MAX_SEQ_LEN:-4096}" --rate-limit-per-min 1000000 \
   ${GRAPHS_UP_FRONT:+--graphs-up-front $GRAPHS_UP_FRONT} ${SERVE_ARGS:-} $2 --log-level warning > "$OUT/$1" 2>&1 &
 SERVER=$!
+local i  # the loop below counts seconds; the warm restarts' own counter is also called i
+if [ -n "${STARTUP_SPY:-}" ] && command -v py-spy >/dev/null; then  # where the start goes, process start to ready
+  py-spy record -p $SERVER -r 100 --threads --format raw -o "$OUT/spy_start_$1.txt" --nonblocking > /dev/null 2>&1 &
+  STARTUP_SPY_PID=$!
+fi
 for i in $(seq 1 "${READY_LIMIT_S:-300}"); do
-  curl -sf localhost:7860/readyz >/dev/null && return 0
+  if curl -sf localhost:7860/readyz >/dev/null; then
+    [ -n "${STARTUP_SPY_PID:-}" ] && { kill -INT $STARTUP_SPY_PID; wait $STARTUP_SPY_PID; STARTUP_SPY_PID=""
+      python3 bench/spy_summary.py "$OUT/spy_start_$1.txt" --seconds "$i" --rate 100 --top "${STARTUP_SPY_TOP:-25}" \
+        --startup > "$OUT/spy_start_$1_summary.txt"; }
+    return 0
+  fi
   kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/$1"; exit 1; }
   sleep 1
 done
@@ -56,6 +68,7 @@ TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.t
 stamp "warm-up"
 timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
 wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what="graphs_missing"} 0), at most 150 s
+  local i
   for i in $(seq 1 "${GRAPH_WAIT_S:-150}"); do
     left=$(curl -s localhost:7860/metrics | sed -n 's/^fishgate_engine{what="graphs_missing"} \([0-9.]*\)$/\1/p')
     [ "${left%.*}" = "0" ] && { echo "all graphs captured after $i s idle"; return 0; }

@@ -625,6 +625,11 @@ class Backend:
             n += len(self.vocoder_graphs.missing(all_chunk_sizes()))
         return n
 
+    def synchronize(self) -> None:
+        """Wait until the engine's device has finished all work queued so far (nothing to wait for on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def gpu_memory_bytes(self) -> int:
         """Bytes the caching allocator holds on the engine's GPU (0 on CPU); safe to read from any thread."""
         return int(torch.cuda.memory_allocated(self.device)) if self.device.type == "cuda" else 0

@@ -115,7 +115,7 @@ class Engine:
             self._worker = worker
             if self.config.warm_up:
                 t0 = time.perf_counter()
-                _warm_up(worker)
+                _warm_up(worker, self.timings_s)
                 self.timings_s["warm_up"] = time.perf_counter() - t0
             backend.graphs_missing = backend.count_missing_graphs()
             t0 = time.perf_counter()
@@ -339,8 +339,9 @@ class Engine:
 VOCODER_WARM_BATCHES = (2, 16)  # batch sizes a compiled vocoder is warmed at besides 1 (see _warm_up)
 
 
-def _warm_up(worker: Worker) -> None:
-    """Push one short utterance through prefill, decode and every vocoder chunk size on the worker thread."""
+def _warm_up(worker: Worker, timings_s: dict[str, float]) -> None:
+    """Push one short utterance through prefill, decode and every vocoder chunk size on the worker thread; its parts'
+    seconds go to `timings_s` as warm_up_prompt, warm_up_steps and warm_up_vocoder (each synchronised on a GPU)."""
     from .backend import RowSampling
     from .chunking import all_chunk_sizes
 
@@ -353,11 +354,14 @@ def _warm_up(worker: Worker) -> None:
     rows = list(range(min(2, b.config.max_sessions, b.config.graphs_up_front or 2)))
     for row in rows:
         b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
+    t0 = time.perf_counter()
     logits, hidden = b.prefill_many(rows, [tokens] * len(rows), [0] * len(rows))
     b.start_segments(rows, logits, hidden, [tokens.shape[1]] * len(rows))
+    t0 = _part_done(b, timings_s, "warm_up_prompt", t0)
     commit = [r in rows for r in range(max(rows) + 1)]
     for _ in range(4):
         b.step(len(commit), commit, tokens.shape[1] + 4)
+    t0 = _part_done(b, timings_s, "warm_up_steps", t0)
     nc = b.info.num_codebooks
     # one row; with a compiled vocoder also 2 and 16 rows: its region is compiled with a symbolic batch, but torch
     # specialises batch 1 and its conv shape rules split 2-15 from 16 and more (model.vocoder_stream), each
@@ -369,5 +373,14 @@ def _warm_up(worker: Worker) -> None:
             b.vocode(slots, [np.zeros((nc, size), dtype=np.int64)] * len(slots))
     for slot in {s for slots in slot_sets for s in slots}:
         b.reset_vocoder(slot)
+    _part_done(b, timings_s, "warm_up_vocoder", t0)
     for row in rows:
         b.stepper.pos[row] = 0
+
+
+def _part_done(b: Backend, timings_s: dict[str, float], part: str, t0: float) -> float:
+    """Record `part`'s seconds since `t0` once the device has finished its work; returns the time now."""
+    b.synchronize()
+    now = time.perf_counter()
+    timings_s[part] = now - t0
+    return now
