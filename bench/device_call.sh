@@ -12,7 +12,7 @@ THROUGHPUT_SERVE_ARGS="--compile-max-batch 512 --compile-tune-single-row off --v
 device_env() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-  # the machine's packages carry no bytecode and their folders are read-only: without a writable cache every process
+  # the machine's packages carry no bytecode (their folders are writable, so likely PYTHONDONTWRITEBYTECODE): every process
   # compiled torch's compiler stack from source again, 6.4-7.5 s of each server start (run 23, call 2); a normal
   # install has the bytecode
   export PYTHONPYCACHEPREFIX=/tmp/pycache

@@ -2,7 +2,7 @@
 # One device call (~7 minutes on a fresh machine), written in run 23: where a server start goes, process start to
 # ready, for the default configuration (compiled buckets up to 8 rows, tuned one-row step) and two shorter ones,
 # each py-spied (bench/spy_summary.py --startup). Run 23's call 2 found a quarter of a warm start compiling Python
-# source (6.4-7.5 s): the GPU machine's packages carry no bytecode and their folders are not writable, so every
+# source (6.4-7.5 s): the GPU machine's packages carry no bytecode and none was written (call 3: folders writable), so every
 # process compiled torch's compiler stack again; device_env now points PYTHONPYCACHEPREFIX at a writable folder, as
 # a normal install (pip writes bytecode at install time) would have it.
 #   servers: 1. defaults on an empty compile cache (then idle until every graph is captured, filling the cache)
