@@ -61,7 +61,7 @@ echo "not ready after ${READY_LIMIT_S:-300} s"; tail -30 "$OUT/$1"; kill -TERM $
 stamp "serve"
 ts=$(date +%s); serve server.log ""; echo "start → ready: $(( $(date +%s) - ts )) s" | tee -a "$OUT/ready.txt"
 # the engine's share of it by phase (the server runs at --log-level warning, so its "engine ready" line is not logged)
-curl -s localhost:7860/metrics | grep -o 'startup_[a-z_]*seconds"} [0-9.]*' | tee -a "$OUT/ready.txt"
+curl -s localhost:7860/metrics | grep -oE 'startup_[a-z_]*"} [0-9.]+' | tee -a "$OUT/ready.txt"
 stamp "ready"
 curl -s localhost:7860/healthz; echo
 TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
@@ -127,7 +127,7 @@ for variant in ${variant_list[@]+"${variant_list[@]}"}; do
   stamp "warm restart $i ($variant)"
   ts=$(date +%s); serve "server_$tag.log" "$variant"
   echo "warm start → ready: $(( $(date +%s) - ts )) s ($variant)" | tee -a "$OUT/ready.txt"
-  curl -s localhost:7860/metrics | grep -o 'startup_[a-z_]*seconds"} [0-9.]*' | tee -a "$OUT/ready.txt"
+  curl -s localhost:7860/metrics | grep -oE 'startup_[a-z_]*"} [0-9.]+' | tee -a "$OUT/ready.txt"
   timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$tag" 2>&1 | tail -3
   cp "/tmp/ttfa_$tag/ttfa.json" "$OUT/ttfa_${tag}_1.json" 2>/dev/null
   [ -n "${WARM_LEVELS:-}" ] && [ -z "${WARM_NO_GRAPH_WAIT:-}" ] && wait_for_graphs

@@ -24,6 +24,20 @@ PY
 OUT=$work SKIP_TESTS=1 LEVELS="" STARTUP_SPY=1 WARM_CONC=16 GRAPH_WAIT_S=90 READY_LIMIT_S=240 \
   SERVE_ARGS="--compile-cache-dir build/cc ${STARTUP_SERVE_ARGS:-}" \
   WARM_VARIANTS="${VARIANTS:-default;--graphs-up-front 1;--compile-symbolic-batch-above 1}" \
-  timeout "${STARTUP_LIMIT_S:-480}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES|startup_[a-z_]*seconds|graphs"
+  timeout "${STARTUP_LIMIT_S:-480}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES|startup_[a-z_]*\"|graphs"
+# run 24: did the warm starts find inductor's tuning results? (run 23's warm starts spent 7-10 s in coordinate-descent
+# tuning.) The .best_config files in the cache, how many say found_by_coordesc, and the device torch's own reading
+# of them (its autotune cache module and the tuner's entry point, copied out to be read on the CPU machine)
+WORK=$work python3 - <<'PY' | tee $work/autotune_cache.txt
+import glob, json, os, shutil, torch
+files = glob.glob("build/cc/**/*.best_config", recursive=True)
+coordesc = sum(bool(json.load(open(f)).get("found_by_coordesc")) for f in files)
+print(f"{len(files)} .best_config files in build/cc, {coordesc} found_by_coordesc; e.g. {files[:1]}")
+if files:
+    print(open(files[0]).read()[:400])
+rt = os.path.join(os.path.dirname(torch.__file__), "_inductor", "runtime")
+for name in ("autotune_cache.py", "triton_heuristics.py", "coordinate_descent_tuner.py"):
+    shutil.copy(os.path.join(rt, name), os.path.join(os.environ.get("WORK", "."), "torch_" + name))
+PY
 for f in $work/spy_start_*_summary.txt; do echo "== $f"; head -14 "$f"; done
 stop_tarring $work

@@ -178,3 +178,21 @@ def _is_compile_error(e: Exception) -> bool:
 def failed_regions() -> list[str]:
     """Names of regions that fell back to eager after a compiler failure (for logs and benchmarks)."""
     return sorted({fn.__qualname__ for fn, _ in _failed})
+
+
+# torch's compile counters (torch._dynamo.utils.counters) that say how much of a start came from the on-disk caches
+CACHE_COUNTERS = {
+    "fx_graphs_from_cache": ("inductor", "fxgraph_cache_hit"),  # inductor's output code loaded, not generated
+    "fx_graphs_compiled": ("inductor", "fxgraph_cache_miss"),  # generated (and saved for the next start)
+    "fx_graphs_uncacheable": ("inductor", "fxgraph_cache_bypass"),  # generated, and not cacheable
+    # launch configurations benchmarked by coordinate-descent tuning: 0 on a warm start whose tuning results
+    # (inductor's .best_config files) were found
+    "tuning_benchmarks": ("inductor", "coordesc_tuning_bench"),
+}
+
+
+def cache_counts() -> dict[str, int]:
+    """How this process's compiles used the on-disk caches so far (CACHE_COUNTERS); zeros before any compile."""
+    from torch._dynamo.utils import counters
+
+    return {name: int(counters[group][key]) for name, (group, key) in CACHE_COUNTERS.items()}

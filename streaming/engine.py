@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from model.compiled_regions import cache_counts
+
 from .admission_queue import AdmissionQueue
 from .backend import Backend, BackendConfig, ModelInfo
 from .errors import AdmissionDeferred, NotReady, Overloaded
@@ -71,6 +73,8 @@ class Engine:
         self.state = EngineState.STARTING
         self.info: ModelInfo | None = None
         self.timings_s: dict[str, float] = {}
+        # how start-up's compiles used the on-disk caches (model.compiled_regions.cache_counts), taken at ready
+        self.startup_compile: dict[str, int] = {}
         self.fault: str | None = None
         # start-up refused by its configuration (a missing or malformed checkpoint, no such device): its message,
         # for the operator; restarting cannot help
@@ -122,10 +126,11 @@ class Engine:
             frozen = freeze_startup_objects()  # later collections skip what start-up built (streaming.gc_pauses)
             self.timings_s["gc_freeze"] = time.perf_counter() - t0
             self.timings_s["total"] = time.perf_counter() - started
+            self.startup_compile = cache_counts()
             log.info(
-                "engine ready in %.2f s (%s; %d decode graphs; %d start-up objects frozen)",
+                "engine ready in %.2f s (%s; %d decode graphs; %d start-up objects frozen; compile caches: %s)",
                 self.timings_s["total"], ", ".join(f"{k} {v:.2f} s" for k, v in self.timings_s.items()), graphs,
-                frozen,
+                frozen, ", ".join(f"{k} {v}" for k, v in self.startup_compile.items()),
             )  # fmt: skip
             self.state = EngineState.READY
         except Exception as e:
@@ -333,6 +338,9 @@ class Engine:
             # vocoder and prefill graphs —, gc_freeze, total): the "engine ready" log line's figures, here too
             # because benchmarks run the server at --log-level warning
             **{f"startup_{phase}_seconds": round(sec, 3) for phase, sec in self.timings_s.items()},
+            # start-up's compiles: inductor graphs loaded from the on-disk cache, generated, uncacheable, and launch
+            # configurations benchmarked by coordinate-descent tuning (0 on a warm start that found its results)
+            **{f"startup_compile_{name}": n for name, n in self.startup_compile.items()},
         }
 
 

@@ -260,3 +260,32 @@ def test_inductor_symbolic_batch_decodes_the_same_frames() -> None:
     assert torch.equal(got[:, 0], expected[:, 0])
     assert (got == expected).float().mean() >= 0.9
     compiled_regions.reset()
+
+
+def test_cache_counts_tell_a_compile_from_a_cache_load(tmp_path, monkeypatch) -> None:
+    """A region compiled in an empty cache counts as compiled; compiled again after dynamo forgot it (as a restarted
+    server would), it is loaded from inductor's on-disk cache."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
+
+    @compiled_regions.region
+    def scaled_sum(x: torch.Tensor) -> torch.Tensor:
+        return (x * 3 + 1).sum(-1)
+
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    compiled_regions.reset()
+    before = compiled_regions.cache_counts()
+    with compiled_regions.compiled("inductor"):
+        first = scaled_sum(x)
+    after_first = compiled_regions.cache_counts()
+    assert after_first["fx_graphs_compiled"] == before["fx_graphs_compiled"] + 1
+    assert after_first["fx_graphs_from_cache"] == before["fx_graphs_from_cache"]
+    compiled_regions.reset()
+    with compiled_regions.compiled("inductor"):
+        second = scaled_sum(x)
+    after_second = compiled_regions.cache_counts()
+    assert after_second["fx_graphs_from_cache"] == after_first["fx_graphs_from_cache"] + 1
+    assert after_second["fx_graphs_compiled"] == after_first["fx_graphs_compiled"]
+    assert torch.equal(first, second) and torch.equal(first, (x * 3 + 1).sum(-1))
+    assert set(after_second) == set(compiled_regions.CACHE_COUNTERS)
+    compiled_regions.reset()

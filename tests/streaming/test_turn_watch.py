@@ -76,7 +76,8 @@ def test_freezing_exempts_start_up_objects_from_collections() -> None:
         "step_batch_bucket", "step_length_bucket", "startup_load_weights_seconds", "startup_total_seconds",
         "startup_load_weights_dual_ar_seconds", "startup_load_weights_codec_seconds",
         "startup_load_weights_dual_ar_read_seconds", "startup_load_weights_dual_ar_to_device_seconds",
-        "graphs_captured", "prefill_eager_calls",
+        "graphs_captured", "prefill_eager_calls", "startup_compile_fx_graphs_compiled",
+        "startup_compile_tuning_benchmarks",
     ],
 )  # fmt: skip
 def test_the_engine_reports_them(key) -> None:
