@@ -9,6 +9,9 @@
 #            3. defaults again                                                     (VARIANTS / FIRST_SERVE_ARGS)
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_first_audio_gpu.sh
 # Everything lands in $OUT/all.tgz (written every 20 s, so a call cut short still returns what it had).
+# Run 24: VARIANTS="--prefill-hold-at-risk on;--prefill-hold-below-s off;--prefill-hold-at-risk on" (holds only for a
+# stream that would run dry before its next audio), E2E_LIMIT_S=540; its warm servers' startup_compile_* (ready.txt)
+# also check that a warm start no longer re-tunes the one-row step's kernels.
 # Run 22's calls 2-3 ran earlier versions of this script (at 9d2ca48 and 6185f9e: first chunks, then the chunks of
 # nearly dry clients, vocoded in the turn that completed them; both measured worse and were removed).
 set -u

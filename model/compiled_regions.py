@@ -55,6 +55,19 @@ _options: dict[str, Any] = {"mode": None, "static_shapes": False}
 # neighbours (norms, activations, residual adds) instead of a cuBLAS call. The H200's batch-1 decode step went
 # 3.28 → 2.64 ms (993 → 825 kernels) for ~4× the compile time (bench/NOTES.md, run 14). CPU kernels are unaffected.
 TUNED_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"coordinate_descent_tuning": True}
+# ...and their kernels launched through Triton's own launcher (tuned_options). With the static launcher (inductor's
+# default), a warm start loads them from the FX graph cache as static autotuners, and torch 2.11 then drops the tuned
+# launch config found in its autotune cache for every kernel that has one starting config (CachingAutotuner.
+# recheck_autotune_cache; fixed by 2.13), so coordinate descent ran again at every start: H200 run 24, 332-370
+# benchmarks and 6-7 s of a 35-38 s warm start. The compiled regions run inside CUDA graphs, so how a kernel is
+# launched costs nothing at replay.
+
+
+def tuned_options() -> dict[str, Any]:
+    """TUNED_OPTIONS, with the static launcher off where this torch has the switch (read when compiling: importing
+    inductor's config imports dynamo, 1.2 s that a server that compiles nothing must not pay)."""
+    known = torch._inductor.config.get_config_copy()
+    return {**TUNED_OPTIONS, **{name: False for name in ("use_static_cuda_launcher",) if name in known}}
 
 
 @contextlib.contextmanager
@@ -138,7 +151,7 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool, symbolic
             symbolic = (fn in _dynamic_regions or symbolic_batch) and not _options["static_shapes"]
             dynamic = None if symbolic else False  # None: the dims marked dynamic, the rest static
             out = torch.compile(
-                fn, backend=backend, mode=_options["mode"], options=TUNED_OPTIONS if tuned else None, fullgraph=True,
+                fn, backend=backend, mode=_options["mode"], options=tuned_options() if tuned else None, fullgraph=True,
                 dynamic=dynamic,
             )  # fmt: skip
             _compiled[(fn, backend, tuned, symbolic_batch)] = out

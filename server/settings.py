@@ -183,6 +183,13 @@ class Settings:
                   "through a burst; new sessions' first audio comes later instead. off: never hold",
                   "shown_default": "0.1"},
     )  # fmt: skip
+    prefill_hold_at_risk: str = field(
+        default="off",
+        metadata={"help": "on | off: with --prefill-hold-below-s, hold new prompts only for a stream that would run "
+                  "dry before its next audio (the frames it lacks plus two turns at the current turn time), not "
+                  "for every stream under the limit (H200 run 23: holds cost 300 streams' p95 first audio 28-45 ms "
+                  "that no stream there needed; run 24 measures this)"},
+    )  # fmt: skip
     prefill_hold_max_s: float = field(
         default=0.25,
         metadata={"help": "the longest new prompts wait at a time under --prefill-hold-below-s, so a burst still "

@@ -165,7 +165,7 @@ def test_decode_attention_rule_picks_reductions_for_one_row_while_compiling(monk
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_tuned_regions_compile_with_the_tuned_options_and_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`compiled(backend, tuned=True)` compiles a separate variant with TUNED_OPTIONS (inductor only; other backends
+    """`compiled(backend, tuned=True)` compiles a separate variant with TUNED_OPTIONS (tuned_options(): with the static launcher off; inductor only; other backends
     take no options), and its output equals the eager region's."""
     options = []
     real_compile = torch.compile
@@ -187,7 +187,7 @@ def test_tuned_regions_compile_with_the_tuned_options_and_equal_eager(monkeypatc
     for backend, tuned in [("inductor", False), ("inductor", True), ("inductor", True), ("eager", True)]:
         with compiled_regions.compiled(backend, tuned=tuned):
             got.append(gemv(x, w))
-    assert options == [None, compiled_regions.TUNED_OPTIONS, None], "one compile per variant; eager takes no options"
+    assert options == [None, compiled_regions.tuned_options(), None], "one compile per variant; eager takes no options"
     for out in got:
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     compiled_regions.reset()

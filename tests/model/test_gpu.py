@@ -503,3 +503,45 @@ def test_compiled_step_with_length_attention_equals_eager() -> None:
     got = run_stepper(compiled, 8)
     assert torch.equal(got[:, [0, 2]], eager[:, [0, 2]]), "greedy rows differ"
     assert (got == eager).float().mean() >= 0.95
+
+
+TUNED_REGION_SCRIPT = """
+import json, torch
+from model import compiled_regions
+
+@compiled_regions.region
+def gemv_norm(x, w):
+    y = torch.nn.functional.linear(x, w)
+    return y * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(y.dtype)
+
+x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+with compiled_regions.compiled("inductor", tuned=True):
+    gemv_norm(x, w)
+torch.cuda.synchronize()
+print(json.dumps(compiled_regions.cache_counts()))
+"""
+
+
+def test_a_restarted_process_reuses_the_tuned_regions_launch_configs(tmp_path) -> None:
+    """A tuned (coordinate-descent) region compiled by one process is loaded by the next from the on-disk caches
+    without tuning again: torch 2.11's static launcher lost the tuned configs on load (H200 run 24: 6-7 s of each
+    warm start), which compiled_regions.TUNED_OPTIONS routes around."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cc"), "TRITON_CACHE_DIR": str(tmp_path / "tc")}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", TUNED_REGION_SCRIPT], check=False, env=env, capture_output=True, text=True, timeout=600,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["fx_graphs_compiled"] >= 1 and first["tuning_benchmarks"] > 0
+    assert second["fx_graphs_from_cache"] >= 1 and second["fx_graphs_compiled"] == 0
+    assert second["tuning_benchmarks"] == 0, f"the restarted process tuned again: {second}"
