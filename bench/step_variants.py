@@ -53,6 +53,7 @@ class Variant:
     decode_attention: str = "auto"  # otherwise: the model's rule (reductions at batch 1), or "sdpa"
     length_attention: bool = False  # the slow stack's decode attention by model.decode_attention's kernel
     cache_len: int = ATTN_LEN  # the stepper's cache and so its one attention length (the same rows and positions)
+    tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
 
 
 VARIANTS = {
@@ -69,6 +70,9 @@ VARIANTS = {
     # the engine's tuned one-row step (`--compile-tune-single-row on`) with the kernel, against `compiled_cd` (SDPA
     # era: reductions at one row over the 2,048 bucket); run at --batches 1 (coordinate descent compiles for minutes)
     "compiled_cd_length_4096": Variant(compiled=True, coordinate_descent=True, length_attention=True, cache_len=4096),
+    # the same through the engine's path (DecodeStepper(tune_single_row=True): tuning and the static launcher off
+    # as options of the one-row regions' compile, not global settings); run 24
+    "engine_tuned_length_4096": Variant(compiled=True, length_attention=True, cache_len=4096, tune_single_row=True),
 }
 
 
@@ -85,12 +89,17 @@ def apply(model: DualARTransformer, v: Variant) -> None:
 
 
 def new_stepper(
-    model: DualARTransformer, rows: int, compile_backend: str | None, compile_max: int, cache_len: int = ATTN_LEN
+    model: DualARTransformer,
+    rows: int,
+    compile_backend: str | None,
+    compile_max: int,
+    cache_len: int = ATTN_LEN,
+    tune_single_row: bool = False,
 ) -> DecodeStepper:
     torch.manual_seed(0)  # the same random KV cache for every variant
     return make_stepper(
         model, rows, cache_len, use_cuda_graphs=True, compile_backend=compile_backend,
-        compile_max_batch=compile_max or None,
+        compile_max_batch=compile_max or None, tune_single_row=tune_single_row,
     )  # fmt: skip
 
 
@@ -117,7 +126,8 @@ def measure(
     backend = "inductor" if VARIANTS[name].compiled else None
     todo = [b for b in batches if backend is None or b in compile_batches]
     length = VARIANTS[name].cache_len
-    st = new_stepper(model, max(batches), backend, max(compile_batches, default=0), length)
+    v = VARIANTS[name]
+    st = new_stepper(model, max(batches), backend, max(compile_batches, default=0), length, v.tune_single_row)
     out: dict[str, Any] = {"variant": name, "batches": []}
     for b in todo:
         if time.perf_counter() > deadline:
@@ -140,6 +150,8 @@ def measure(
             fill_rows(st, b, seed=b)
             out[f"profile_b{b}"] = kernel_profile(st._graphs[(b, length)].replay, top=20)
     out["failed_regions"] = compiled_regions.failed_regions()
+    out["cache_counts"] = compiled_regions.cache_counts()  # cumulative over the process's variants
+    print(f"{name} compile caches so far: {out['cache_counts']}", flush=True)
     return out
 
 
