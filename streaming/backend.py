@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import decode_attention
+from model import compiled_regions, decode_attention
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
@@ -624,6 +624,11 @@ class Backend:
         if self.vocoder_graphs is not None:
             n += len(self.vocoder_graphs.missing(all_chunk_sizes()))
         return n
+
+    @staticmethod
+    def compile_cache_counts() -> dict[str, int]:
+        """How this process's compiles used the on-disk caches (model.compiled_regions.cache_counts)."""
+        return compiled_regions.cache_counts()
 
     def synchronize(self) -> None:
         """Wait until the engine's device has finished all work queued so far (nothing to wait for on CPU)."""

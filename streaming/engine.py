@@ -21,8 +21,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from model.compiled_regions import cache_counts
-
 from .admission_queue import AdmissionQueue
 from .backend import Backend, BackendConfig, ModelInfo
 from .errors import AdmissionDeferred, NotReady, Overloaded
@@ -126,7 +124,7 @@ class Engine:
             frozen = freeze_startup_objects()  # later collections skip what start-up built (streaming.gc_pauses)
             self.timings_s["gc_freeze"] = time.perf_counter() - t0
             self.timings_s["total"] = time.perf_counter() - started
-            self.startup_compile = cache_counts()
+            self.startup_compile = backend.compile_cache_counts()
             log.info(
                 "engine ready in %.2f s (%s; %d decode graphs; %d start-up objects frozen; compile caches: %s)",
                 self.timings_s["total"], ", ".join(f"{k} {v:.2f} s" for k, v in self.timings_s.items()), graphs,
