@@ -123,10 +123,10 @@ def measure(
     deadline: float,
     profile_batches: tuple[int, ...] = (1,),
 ) -> dict[str, Any]:
-    backend = "inductor" if VARIANTS[name].compiled else None
-    todo = [b for b in batches if backend is None or b in compile_batches]
-    length = VARIANTS[name].cache_len
     v = VARIANTS[name]
+    backend = "inductor" if v.compiled else None
+    todo = [b for b in batches if backend is None or b in compile_batches]
+    length = v.cache_len
     st = new_stepper(model, max(batches), backend, max(compile_batches, default=0), length, v.tune_single_row)
     out: dict[str, Any] = {"variant": name, "batches": []}
     for b in todo:

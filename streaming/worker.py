@@ -90,7 +90,7 @@ class WorkerLimits:
     prefill_hold_max_s: float = 0.25
     # Hold only for a stream at risk: one whose buffer is also under the time its next audio needs at the current
     # turn time (the frames it still lacks, the turn that vocodes them, and the turn a prompt pass lengthens;
-    # Worker._at_risk), not for every stream under prefill_hold_below_s. H200 run 23: holds cost 300 streams'
+    # Worker._next_audio_s), not for every stream under prefill_hold_below_s. H200 run 23: holds cost 300 streams'
     # p95 first audio 28-45 ms while no stream there needed them; at 384 without holds 1 % of requests underran.
     prefill_hold_at_risk: bool = False
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not

@@ -165,8 +165,8 @@ def test_decode_attention_rule_picks_reductions_for_one_row_while_compiling(monk
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_tuned_regions_compile_with_the_tuned_options_and_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`compiled(backend, tuned=True)` compiles a separate variant with TUNED_OPTIONS (tuned_options(): with the static launcher off; inductor only; other backends
-    take no options), and its output equals the eager region's."""
+    """`compiled(backend, tuned=True)` compiles a separate variant with tuned_options() (TUNED_OPTIONS, the static
+    launcher off; inductor only; other backends take no options), and its output equals the eager region's."""
     options = []
     real_compile = torch.compile
 
@@ -278,26 +278,45 @@ print(json.dumps(compiled_regions.cache_counts()))
 """
 
 
-def test_cache_counts_tell_a_compile_from_a_cache_load(tmp_path) -> None:
-    """A process that compiles a region into an empty cache counts it as compiled; the next process (a restarted
-    server) loads it from inductor's on-disk cache. Fresh processes: a test process that compiled from a temporary
-    cache folder broke later compiles in it."""
+def cache_counts_of_two_starts(script: str, caches: dict[str, str], timeout_s: float) -> list[dict[str, int]]:
+    """Run `script` (which prints compiled_regions.cache_counts() as JSON last) in two fresh processes from the repo
+    root with the environment's cache folders set to `caches`, as a server and its restart; their counts."""
     import json
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     counts = []
     for _ in range(2):
         done = subprocess.run(
-            [sys.executable, "-c", CACHE_COUNT_SCRIPT], check=False, env=env, capture_output=True, text=True,
-            timeout=300, cwd=root,
+            [sys.executable, "-c", script], check=False, env={**os.environ, **caches}, capture_output=True, text=True,
+            timeout=timeout_s, cwd=root,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         counts.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    first, second = counts
+    return counts
+
+
+def test_cache_counts_tell_a_compile_from_a_cache_load(tmp_path) -> None:
+    """A process that compiles a region into an empty cache counts it as compiled; the next process (a restarted
+    server) loads it from inductor's on-disk cache. Fresh processes: a test process that compiled from a temporary
+    cache folder broke later compiles in it."""
+    first, second = cache_counts_of_two_starts(CACHE_COUNT_SCRIPT, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}, 300)
     assert set(first) == set(compiled_regions.CACHE_COUNTERS)
     assert first["fx_graphs_compiled"] == 1 and first["fx_graphs_from_cache"] == 0
     assert second["fx_graphs_compiled"] == 0 and second["fx_graphs_from_cache"] == 1
+
+
+def test_cache_counts_before_any_compile_are_zeros_without_importing_dynamo() -> None:
+    """A server that compiles nothing reads the counts at ready: zeros, and dynamo (~1.2 s of imports) stays out."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from model import compiled_regions; counts = compiled_regions.cache_counts(); "
+        "assert 'torch._dynamo' not in sys.modules, 'dynamo imported'; "
+        "assert counts == dict.fromkeys(compiled_regions.CACHE_COUNTERS, 0), counts"
+    )
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

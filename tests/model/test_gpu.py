@@ -15,6 +15,7 @@ from bench.gpu_model_check import compare, make_sequence
 from model.dual_ar import DualARTransformer
 from model.stepper import DecodeStepper, RowSampling
 from model.vocoder_stream import StreamingDecoder
+from tests.model.test_compiled_regions import cache_counts_of_two_starts
 from tests.model.test_kv_cache import SEMANTIC_BEGIN, make_model, random_sequence
 
 pytestmark = [
@@ -526,22 +527,9 @@ print(json.dumps(compiled_regions.cache_counts()))
 def test_a_restarted_process_reuses_the_tuned_regions_launch_configs(tmp_path) -> None:
     """A tuned (coordinate-descent) region compiled by one process is loaded by the next from the on-disk caches
     without tuning again: torch 2.11's static launcher lost the tuned configs on load (H200 run 24: 6-7 s of each
-    warm start), which compiled_regions.TUNED_OPTIONS routes around."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cc"), "TRITON_CACHE_DIR": str(tmp_path / "tc")}
-    runs = []
-    for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, "-c", TUNED_REGION_SCRIPT], check=False, env=env, capture_output=True, text=True, timeout=600,
-            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    warm start), which compiled_regions.tuned_options() routes around."""
+    caches = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cc"), "TRITON_CACHE_DIR": str(tmp_path / "tc")}
+    first, second = cache_counts_of_two_starts(TUNED_REGION_SCRIPT, caches, 600)
     assert first["fx_graphs_compiled"] >= 1 and first["tuning_benchmarks"] > 0
     assert second["fx_graphs_from_cache"] >= 1 and second["fx_graphs_compiled"] == 0
     assert second["tuning_benchmarks"] == 0, f"the restarted process tuned again: {second}"
