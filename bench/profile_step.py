@@ -88,8 +88,10 @@ def kernel_family(name: str) -> str:
     return next((family for family, keys in families if any(k in low for k in keys)), fallback)
 
 
-def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
-    """Kernels of one call of fn: count, summed device time, time by kernel family, the top ones by time."""
+def kernel_profile(fn: Callable[[], object], top: int = 25, trace_path: str | None = None) -> dict[str, Any]:
+    """Kernels of one call of fn: count, summed device time, time by kernel family, the top ones by time; with
+    `trace_path`, the profiler's Chrome trace too (every kernel in launch order with its grid, block and registers:
+    what `bench/step_anatomy.py` reads)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -97,6 +99,8 @@ def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
     agg: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import glob
+import os
+import shutil
 import time
 import traceback
 from dataclasses import dataclass
@@ -54,6 +57,7 @@ class Variant:
     length_attention: bool = False  # the slow stack's decode attention by model.decode_attention's kernel
     cache_len: int = ATTN_LEN  # the stepper's cache and so its one attention length (the same rows and positions)
     tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
+    all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
 
 
 VARIANTS = {
@@ -73,6 +77,10 @@ VARIANTS = {
     # the same through the engine's path (DecodeStepper(tune_single_row=True): tuning and the static launcher off
     # as options of the one-row regions' compile, not global settings); run 24
     "engine_tuned_length_4096": Variant(compiled=True, length_attention=True, cache_len=4096, tune_single_row=True),
+    # the same with inductor's coordinate_descent_check_all_directions (run 25)
+    "engine_tuned_all_dirs": Variant(
+        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, all_directions=True
+    ),
 }
 
 
@@ -85,6 +93,7 @@ def apply(model: DualARTransformer, v: Variant) -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.coordinate_descent_tuning = v.coordinate_descent
+        inductor_config.coordinate_descent_check_all_directions = v.all_directions
         compiled_regions.reset(v.mode)
 
 
@@ -122,6 +131,7 @@ def measure(
     compile_batches: list[int],
     deadline: float,
     profile_batches: tuple[int, ...] = (1,),
+    trace_dir: str | None = None,
 ) -> dict[str, Any]:
     v = VARIANTS[name]
     backend = "inductor" if v.compiled else None
@@ -148,7 +158,8 @@ def measure(
     for b in profile_batches:  # where a batch's graph spends its kernel time (run 12: 8.93 ms at 256 rows against
         if b in todo and (b, length) in st._graphs:  # the plain yardstick's 5.79, never profiled)
             fill_rows(st, b, seed=b)
-            out[f"profile_b{b}"] = kernel_profile(st._graphs[(b, length)].replay, top=20)
+            trace = f"{trace_dir}/{name}_b{b}.json" if trace_dir else None
+            out[f"profile_b{b}"] = kernel_profile(st._graphs[(b, length)].replay, top=20, trace_path=trace)
     out["failed_regions"] = compiled_regions.failed_regions()
     out["cache_counts"] = compiled_regions.cache_counts()  # cumulative over the process's variants
     print(f"{name} compile caches so far: {out['cache_counts']}", flush=True)
@@ -214,6 +225,15 @@ def warm_start(model: DualARTransformer, compile_batches: list[int]) -> dict[str
     return out
 
 
+def copy_generated_code(dest: str) -> None:
+    """Inductor's generated modules (each graph's kernels as source and its `call` in launch order), flattened."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    os.makedirs(dest, exist_ok=True)
+    for path in glob.glob(os.path.join(cache_dir(), "**", "*.py"), recursive=True):
+        shutil.copy(path, os.path.join(dest, os.path.basename(path)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -223,7 +243,11 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,fused_ffn,compiled")
     ap.add_argument("--warm-only", action="store_true")
     ap.add_argument("--profile-batches", default="1", help="kernel profiles of these batches' graphs")
+    ap.add_argument("--trace-dir", default=None, help="write each profile's Chrome trace here")
+    ap.add_argument("--code-dir", default=None, help="copy inductor's generated Python (kernels, call order) here")
     args = ap.parse_args()
+    if args.trace_dir:
+        os.makedirs(args.trace_dir, exist_ok=True)
     profile_batches = tuple(int(x) for x in args.profile_batches.split(",") if x)
     t_start = time.perf_counter()
     deadline = t_start + args.budget_s
@@ -249,7 +273,7 @@ def main() -> None:
             continue
         try:
             apply(model, VARIANTS[name])
-            v = measure(model, name, batches, refs, compile_batches, deadline, profile_batches)
+            v = measure(model, name, batches, refs, compile_batches, deadline, profile_batches, args.trace_dir)
             v["logits_vs_fp32"] = ref32.compare(model, "inductor" if VARIANTS[name].compiled else None)
             print(f"{name} logits vs fp32: {v['logits_vs_fp32']}", flush=True)
             res["variants"].append(v)
@@ -258,6 +282,8 @@ def main() -> None:
             print(f"variant {name} FAILED: {res['errors'][name]}", flush=True)
         res["total_s"] = time.perf_counter() - t_start
         write_json(args.out, res)
+    if args.code_dir:
+        copy_generated_code(args.code_dir)
     print(f"\n{'variant':>10s} {'batch':>5s} {'graph ms':>9s} {'step() ms':>9s} {'capture s':>9s} {'codes eq':>8s} "
           f"{'greedy fr eq':>12s}")  # fmt: skip
     for v in res["variants"]:
