@@ -31,8 +31,9 @@ CHECK = textwrap.dedent(
     n_layer, slots, kv_heads, max_seq, dim, group = 2, 5, 2, 320, 64, 8
     cache_k = torch.randn(n_layer, slots, kv_heads, max_seq, dim)
     cache_v = torch.randn(n_layer, slots, kv_heads, max_seq, dim)
-    for min_programs in (1, 10_000):  # one split per (row, kv head), then as many as the blocks allow
-        da.MIN_PROGRAMS = min_programs
+    # one split per (row, kv head), then as many as the blocks allow, merged in one tile and two at a time
+    for min_programs, merge_chunk in ((1, 64), (10_000, 64), (10_000, 2)):
+        da.MIN_PROGRAMS, da.MERGE_CHUNK = min_programs, merge_chunk
         for rows, bucket, lengths in [
             (3, 256, [1, 64, 256]),
             (4, 256, [65, 200, 129, 3]),
@@ -47,7 +48,8 @@ CHECK = textwrap.dedent(
             splits = da.split_count(rows, kv_heads, bucket)
             assert got.shape == q.shape and got.dtype == q.dtype
             assert err < 2e-5, (rows, bucket, lengths, splits, err)
-            print(f"rows {rows} bucket {bucket} splits {splits}: max abs err {err:.1e}")
+            print(f"rows {rows} bucket {bucket} splits {splits} merge chunk {merge_chunk}: max abs err {err:.1e}")
+    da.MERGE_CHUNK = 64
     # a head dim that is no power of two (the embedded default model's is 48): padded lanes in the kernel
     for min_programs in (1, 10_000):
         da.MIN_PROGRAMS = min_programs

@@ -533,3 +533,39 @@ def test_a_restarted_process_reuses_the_tuned_regions_launch_configs(tmp_path) -
     assert first["fx_graphs_compiled"] >= 1 and first["tuning_benchmarks"] > 0
     assert second["fx_graphs_from_cache"] >= 1 and second["fx_graphs_compiled"] == 0
     assert second["tuning_benchmarks"] == 0, f"the restarted process tuned again: {second}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@torch.inference_mode()
+def test_small_sort_equals_cudas_torch_sort(dtype: torch.dtype) -> None:
+    """model.small_sort's kernel against CUDA's own torch.sort (descending, the sampler's eager call) at the codebook
+    width, one row to many: values bitwise, indices equal, ties (many, in bf16), -inf, +0.0 and -0.0 included;
+    then the compiled sampler with its top-p sorting through the kernel, against the same through torch.sort."""
+    from model import compiled_regions, small_sort
+    from model.sampling import sample
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for rows, width in [(1, 1024), (8, 1024), (384, 1024), (3, 1000), (2, 4096)]:
+        x = (torch.randn(rows, width, device="cuda", generator=gen) * 3).to(dtype)
+        x[:, ::5] = torch.round(x[:, ::5])  # more ties
+        x[0, 3], x[0, 4], x[0, 7] = 0.0, -0.0, float("-inf")
+        assert small_sort.applies(x)
+        values, index = small_sort.sort_descending(x)
+        want_values, want_index = torch.sort(x, dim=-1, descending=True)
+        assert torch.equal(index, want_index), (rows, width)
+        assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8)), (rows, width)
+    logits = (torch.randn(8, 1024, device="cuda", generator=gen) * 3).to(dtype)
+    window = torch.randint(0, 1024, (8, 16), device="cuda", generator=gen)
+    params = [torch.full((8,), v, device="cuda") for v in (0.7, 0.7, 1.2)]
+    q = torch.empty(8, 1024, device="cuda").exponential_(generator=gen)
+    picks = {}
+    for mode in ("off", "auto"):  # both compiled (inductor's softmax rounds unlike eager's): only the sort differs
+        small_sort.MODE = mode
+        compiled_regions.reset()
+        try:
+            with compiled_regions.compiled("inductor"):
+                picks[mode] = sample(logits, window, *params, q)
+        finally:
+            small_sort.MODE = "auto"
+            compiled_regions.reset()
+    assert torch.equal(picks["auto"], picks["off"])

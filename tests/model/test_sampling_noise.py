@@ -1,8 +1,10 @@
 """The counter-based sampling noise: each row's draws depend only on (seed, step, stream, index), so streams,
-seeds and steps all draw differently, and a batch changes nothing; several streams at once equal one at a time."""
+seeds and steps all draw differently, and a batch changes nothing; several streams at once equal one at a time.
+And the race's argmax: chunked over long rows, it names the index torch.argmax names."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model.sampling import exponential_noise, noise_from_keys, noise_keys
@@ -40,3 +42,23 @@ def test_several_streams_at_once_equal_one_at_a_time() -> None:
 def test_draws_are_exponential() -> None:
     x = exponential_noise(torch.arange(64), torch.zeros(64, dtype=torch.int64), 0, N).flatten()
     assert x.min() > 0 and abs(x.mean().item() - 1.0) < 0.02 and abs(x.var().item() - 1.0) < 0.05
+
+
+@pytest.mark.parametrize("width", [1000, 8192, 8193, 102_048, 3 * 1024])
+def test_first_argmax_names_the_first_maximum_as_torch_argmax_does(width: int) -> None:
+    # small integers make ties common, so "first" is what is tested; exponential-race scores are >= 0, and the
+    # chunked path pads with -inf, so every row's maximum is also put at the very end and at a chunk's start
+    from model.sampling import ARGMAX_CHUNK, first_argmax
+
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randint(0, 5, (6, width), generator=gen).float()
+    x[1, -1] = 9.0  # the maximum in the last (padded) chunk
+    x[2, min(ARGMAX_CHUNK, width - 10)] = 9.0  # at the start of the second chunk, and again later
+    x[2, -5] = 9.0
+    x[3] = 0.0  # a row of ties: index 0
+    x[4, 7] = 7.0
+    x[4, width // 2] = 7.0
+    got = first_argmax(x)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, torch.argmax(x, dim=-1))
+    assert got[3] == 0 and got[4] == 7
