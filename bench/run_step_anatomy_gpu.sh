@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Run 25, call 1: the tuned one-row decode step's kernels in launch order (grid, block, gaps) and inductor's
-# generated code for it, against the same step tuned with coordinate descent in every direction. Device call:
-#   run(command="bash bench/run_step_anatomy_gpu.sh", carry=[".whl"])
-# Results under $OUT: all.tgz (step.json, step.log, traces/*.json and their *.txt sequences, code/*.py).
+# Run 25: the tuned one-row decode step's kernels in launch order (grid, block, gaps) and inductor's generated code
+# for it (call 1 also timed the same step tuned with coordinate descent in every direction: VARIANTS=...), then the
+# GPU tests named by TESTS (a pytest -k expression; none if empty). Device call:
+#   run(command="TESTS='small_sort or length_attention' bash bench/run_step_anatomy_gpu.sh", carry=[".whl"])
+# Results under $OUT: all.tgz (step.json, step.log, traces/*.json and their *.txt sequences, code/*.py, tests.txt).
 set -u
 source bench/device_call.sh
 work=/tmp/anatomy
 begin_call "$work"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/gpu.txt"
-VARIANTS=${VARIANTS:-engine_tuned_length_4096,engine_tuned_all_dirs}
+VARIANTS=${VARIANTS:-engine_tuned_length_4096}
 timeout 480 python -m bench.step_variants --variants "$VARIANTS" --batches 1 --compile-batches 1 \
   --trace-dir "$work/traces" --code-dir "$work/code" --out "$work/step.json" --budget-s 400 2>&1 | tee "$work/step.log" | grep -v "^ *\[" | tail -40
 for t in "$work"/traces/*.json; do
   python -m bench.step_anatomy "$t" --first 400 > "${t%.json}.txt" 2>&1
   head -1 "${t%.json}.txt"
 done
+if [ -n "${TESTS:-}" ]; then
+  timeout 240 python -m pytest -q -x tests/model/test_gpu.py -k "$TESTS" -p no:cacheprovider > "$work/tests.txt" 2>&1
+  tail -5 "$work/tests.txt"
+fi
 stop_tarring "$work"
