@@ -55,17 +55,21 @@ def split_count(rows: int, kv_heads: int, length: int) -> int:
     return max(1, min(blocks, -(-MIN_PROGRAMS // (rows * kv_heads))))
 
 
-def length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """softmax(q·kᵀ/√d)·v over each row's first `lengths[b]` keys. q (B, Hkv, G, D): the G query heads of each kv
-    head; keys/values (B, Hkv, L, D), any strides with the last one 1; lengths (B,) int, 1 ≤ lengths[b] ≤ L (clamped
+def length_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, length_offset: int = 0
+) -> torch.Tensor:
+    """softmax(q·kᵀ/√d)·v over each row's first `lengths[b] + length_offset` keys (a decode step passes its rows'
+    positions and 1: the kernels add it, which saves a one-program kernel per layer). q (B, Hkv, G, D): the G query
+    heads of each kv head; keys/values (B, Hkv, L, D), any strides with the last one 1; lengths (B,) int (any
+    stride: the fast stack's are one position expanded), 1 ≤ lengths[b] + length_offset ≤ L (clamped
     to L). Returns (B, Hkv, G, D) in q's dtype. Traced by torch.compile it is a custom op, which the compiled graph
     keeps opaque (the launch grid needs concrete sizes, and the large buckets compile with a symbolic batch);
     otherwise the kernels are launched directly: the op's first call imports torch._dynamo and torch._inductor
     (1.5 s on a 2-core CPU; the H200 engine's 4.4-6.9 s kernel self-check at start-up, run 22), which an engine that
     compiles nothing never needs."""
     if torch.compiler.is_compiling():
-        return torch.ops.fishgate.length_attention(q, keys, values, lengths)
-    return _launch(q, keys, values, lengths)
+        return torch.ops.fishgate.length_attention(q, keys, values, lengths, length_offset)
+    return _launch(q, keys, values, lengths, length_offset)
 
 
 def self_check(
@@ -101,11 +105,15 @@ def self_check(
 
 
 @torch.library.custom_op("fishgate::length_attention", mutates_args=())
-def _length_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    return _launch(q, keys, values, lengths)
+def _length_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, length_offset: int
+) -> torch.Tensor:
+    return _launch(q, keys, values, lengths, length_offset)
 
 
-def _launch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _launch(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, length_offset: int = 0
+) -> torch.Tensor:
     """The split kernel (and the merge kernel when the length is split) for `length_attention`."""
     bsz, kv_heads, group, dim = q.shape
     length = keys.shape[2]
@@ -125,13 +133,13 @@ def _launch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: 
     _length_attention_split[(bsz, kv_heads, splits)](
         q, keys, values, lengths, out, peak, total, acc,
         *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *out.stride()[:3],
-        1.0 / math.sqrt(dim), length, split_len,
+        1.0 / math.sqrt(dim), length, split_len, lengths.stride(0), length_offset,
         GROUP=group, GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, BLOCK=BLOCK_N, SPLITS=splits,
         IEEE=q.dtype == torch.float32,
     )  # fmt: skip
     if splits > 1:
         _length_attention_merge[(bsz, kv_heads, group)](
-            peak, total, acc, out, lengths, *out.stride()[:3], length, split_len,
+            peak, total, acc, out, lengths, *out.stride()[:3], length, split_len, lengths.stride(0), length_offset,
             GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, SPLITS=splits,
             CHUNK=min(MERGE_CHUNK, triton.next_power_of_2(splits)),
         )  # fmt: skip
@@ -139,7 +147,9 @@ def _launch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: 
 
 
 @_length_attention.register_fake
-def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, length_offset: int
+) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -149,14 +159,14 @@ if AVAILABLE:
     def _length_attention_split(
         q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
         sq_b, sq_h, sq_g, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_g,
-        scale, length_bucket, split_len,
+        scale, length_bucket, split_len, s_len, length_offset,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         BLOCK: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
-        n_keys = tl.minimum(tl.load(len_ptr + b).to(tl.int32), length_bucket)
+        n_keys = tl.minimum(tl.load(len_ptr + b * s_len).to(tl.int32) + length_offset, length_bucket)
         start = s * split_len
         end = tl.minimum(start + split_len, n_keys)
         g = tl.arange(0, GROUP_PAD)
@@ -200,7 +210,7 @@ if AVAILABLE:
 
     @triton.jit
     def _length_attention_merge(
-        m_ptr, l_ptr, acc_ptr, out_ptr, len_ptr, so_b, so_h, so_g, length_bucket, split_len,
+        m_ptr, l_ptr, acc_ptr, out_ptr, len_ptr, so_b, so_h, so_g, length_bucket, split_len, s_len, length_offset,
         GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS: tl.constexpr,
         CHUNK: tl.constexpr,
     ):  # fmt: skip
@@ -215,7 +225,7 @@ if AVAILABLE:
         first = (b * tl.num_programs(1) + h) * SPLITS
         # only the splits that hold keys of this row: one past them holds m = -inf, l = 0, acc = 0 and would add
         # exactly 0, so a short row in a long bucket merges few splits
-        n_keys = tl.minimum(tl.load(len_ptr + b).to(tl.int32), length_bucket)
+        n_keys = tl.minimum(tl.load(len_ptr + b * s_len).to(tl.int32) + length_offset, length_bucket)
         live = tl.cdiv(n_keys, split_len)
         m_max = tl.full((1,), float("-inf"), tl.float32)
         for s0 in range(0, live, CHUNK):

@@ -2,8 +2,8 @@
 
 torch.sort of a (1, 1,024) row runs ATen's one-block radix sort: 17 µs, plus its input copies, seven times in every
 one-row decode step (H200 run 25: ~140 of 2,550 µs). Here each row is one bitonic sort of 64-bit keys in registers.
-A key is the value's bits, mapped so that integer order is the float order (as a radix sort maps them: +0.0 sorts
-above -0.0), above the position counted down from the end, so equal values keep their original order: the result is
+A key is the value's bits, mapped so that integer order is the float order (-0.0 and +0.0 equal, as CUB's radix sort
+has them), above the position counted down from the end, so equal values keep their original order: the result is
 torch.sort(descending=True, stable=True), the values bitwise and the same indices. CUDA's torch.sort of rows this
 short is that stable radix sort, so on the GPU this equals the eager path exactly (tests/model/test_gpu.py); on the
 CPU, Triton's interpreter runs it in tests (tests/model/test_small_sort.py). NaN is not expected (logits).
@@ -11,7 +11,6 @@ CPU, Triton's interpreter runs it in tests (tests/model/test_small_sort.py). NaN
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -29,13 +28,12 @@ MAX_WIDTH = 4096  # longer rows (the 102,048-token vocabulary) stay with torch.s
 MODE = "auto"
 
 
-@functools.cache
+# Triton's CPU interpreter (the CPU tests), read once: `applies` runs while dynamo traces the sampler
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _supported(device: torch.device) -> bool:
-    if not AVAILABLE:
-        return False
-    if device.type == "cuda":
-        return True
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return AVAILABLE and (device.type == "cuda" or _INTERPRETED)
 
 
 def applies(x: torch.Tensor) -> bool:
@@ -94,12 +92,15 @@ if AVAILABLE:
         inside = i < width
         x = tl.load(x_ptr + row * sx_row + i * sx_col, mask=inside, other=0.0)
         # the value's bits, mapped to an unsigned order-preserving integer (negative: all bits flipped; positive:
-        # the sign bit set), then shifted to a signed one so that it can head a signed 64-bit key
+        # the sign bit set), then shifted to a signed one so that it can head a signed 64-bit key; -0.0 is made
+        # +0.0 first (the two are equal, as in CUB's radix sort, so their order is kept)
         if BITS == 32:
             u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+            u = tl.where(u == 0x80000000, 0, u)
             ordered = tl.where(u >= 0x80000000, u ^ 0xFFFFFFFF, u | 0x80000000) - 0x80000000
         else:
             u = x.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+            u = tl.where(u == 0x8000, 0, u)
             ordered = tl.where(u >= 0x8000, u ^ 0xFFFF, u | 0x8000) - 0x8000
         # below it, the position counted down: among equal values the first position has the largest key
         key = (ordered << 32) | (0xFFFFFFFF - i.to(tl.int64))

@@ -219,7 +219,12 @@ class Backend:
         if self.length_attention:  # on a GPU it was never run on, the kernel proves itself before it is used
             t_check = time.perf_counter()
             c = self.model.config
-            problem = decode_attention.self_check(self.device, dtype, c.dim // c.n_head, c.n_head // c.n_local_heads)
+            shapes = {
+                (c.head_dim, c.n_head // c.n_local_heads),
+                (c.fast_head_dim, c.fast_n_head // c.fast_n_local_heads),
+            }
+            problems = (decode_attention.self_check(self.device, dtype, d, g) for d, g in sorted(shapes))  # both stacks
+            problem = next((p for p in problems if p is not None), None)
             if problem is not None and not auto:
                 raise ValueError(f"--length-attention on: the kernel's self-check failed ({problem}); use auto or off")
             if problem is not None:  # the default must never be what stops a start

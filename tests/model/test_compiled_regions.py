@@ -320,3 +320,66 @@ def test_cache_counts_before_any_compile_are_zeros_without_importing_dynamo() ->
     )
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_norm_folded_into_its_product_equals_the_norm_then_the_product() -> None:
+    """RMSNorm.folded_linear (the scale applied after the product) against F.linear(norm(x)): fp32 to rounding,
+    bf16 about as far from the fp32 result as the unfolded bf16 path is."""
+    from model.layers import RMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    norm = RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64, generator=gen) + 0.5)
+    x = torch.randn(3, 1, 64, generator=gen) * 7
+    weight, bias = torch.randn(96, 64, generator=gen) / 8, torch.randn(96, generator=gen)
+    exact = torch.nn.functional.linear(norm(x.double().float()), weight, bias).double()
+    torch.testing.assert_close(norm.folded_linear(x, weight, bias).double(), exact, rtol=1e-5, atol=1e-5)
+    bf = norm.to(torch.bfloat16)
+    folded = bf.folded_linear(x.bfloat16(), weight.bfloat16(), bias.bfloat16()).double()
+    plain = torch.nn.functional.linear(bf(x.bfloat16()), weight.bfloat16(), bias.bfloat16()).double()
+    err = ((folded - exact).norm() / exact.norm()).item()
+    plain_err = ((plain - exact).norm() / exact.norm()).item()
+    assert err < max(2 * plain_err, 1e-2), (err, plain_err)
+
+
+def test_one_row_compiled_regions_fold_their_norms_and_keep_the_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traced at one row, every block and both heads take the folded path (and only there: two rows do not); the
+    slow logits and the fast stack's logits equal the unfolded regions' to fp32 rounding."""
+    from model import layers
+
+    calls = []
+    real = layers.RMSNorm.folded_linear
+
+    def spy(self, x, weight, bias=None):  # type: ignore[no-untyped-def]
+        calls.append(self)
+        return real(self, x, weight, bias)
+
+    monkeypatch.setattr(layers.RMSNorm, "folded_linear", spy)
+    model = make_model("gqa_fast_project")
+    outs = {}
+    for rows in (1, 2):
+        frames = torch.stack([random_sequence(model, 1, seed=r)[:, 0] for r in range(rows)])
+        for fold in (False, True):
+            monkeypatch.setattr(layers, "FOLD_NORMS", fold)
+            compiled_regions.reset()
+            cache = model.make_cache(n_slots=rows)
+            calls.clear()
+            with torch.inference_mode(), compiled_regions.compiled("eager"):
+                logits, hidden = model.decode_slow(frames, cache, torch.full((rows,), 3), 64)
+                fast = model.fast_step(hidden, model.make_fast_cache(rows), 0)
+            outs[rows, fold] = (logits, fast)
+            # folded where traced (dynamo may trace a block once for several layers): both heads, both norms of a
+            # slow block and of a fast block
+            folded = {id(norm) for norm in calls}
+            if fold and rows == 1:
+                assert id(model.norm) in folded and id(model.fast_norm) in folded
+                for stack in (model.layers, model.fast_layers):
+                    for name in ("attention_norm", "ffn_norm"):
+                        assert any(id(getattr(block, name)) in folded for block in stack), name
+            else:
+                assert not calls
+    compiled_regions.reset()
+    for a, b in zip(outs[1, False], outs[1, True], strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(outs[2, False], outs[2, True], strict=True))

@@ -102,6 +102,16 @@ CHECK = textwrap.dedent(
             assert rel < 1e-5, rel
     # every row ends inside the first block: the same one split is read either way, the extra ones are empty
     assert all(torch.equal(a, b) for a, b in zip(outs[1], outs[2]))
+    # the fast stack through the kernel: each codebook position attends over positions [0, pos] as its mask says
+    hidden = outs[0][1]
+    caches = [plain.make_fast_cache(3), kernel.make_fast_cache(3)]
+    x = [hidden, hidden]
+    for pos in range(plain.config.num_codebooks):
+        a, b = (m.fast_step(h, fc, pos) for m, h, fc in zip((plain, kernel), x, caches))
+        rel = ((a - b).norm() / a.norm()).item()
+        assert rel < 1e-5, (pos, rel)
+        code = a.argmax(-1)
+        x = [plain.fast_embeddings(code), kernel.fast_embeddings(code)]
     print("ok")
     """
 )

@@ -552,7 +552,10 @@ def test_small_sort_equals_cudas_torch_sort(dtype: torch.dtype) -> None:
         assert small_sort.applies(x)
         values, index = small_sort.sort_descending(x)
         want_values, want_index = torch.sort(x, dim=-1, descending=True)
-        assert torch.equal(index, want_index), (rows, width)
+        if not torch.equal(index, want_index):
+            at = (index != want_index).nonzero()[:4].tolist()
+            seen = [(r, c, int(index[r, c]), int(want_index[r, c]), float(values[r, c])) for r, c in at]
+            raise AssertionError(f"{rows}x{width}: (row, place, index, torch's index, value) {seen}")
         assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8)), (rows, width)
     logits = (torch.randn(8, 1024, device="cuda", generator=gen) * 3).to(dtype)
     window = torch.randint(0, 1024, (8, 16), device="cuda", generator=gen)

@@ -26,6 +26,7 @@ CHECK = textwrap.dedent(
         # repetition penalty or top-p masks leave it; widths that are and are not powers of two
         x = (torch.randint(-6, 7, (3, 1024), generator=gen).float() / 4).to(dtype)
         x[1, ::7] = float("-inf")
+        x[2, ::9] = -0.0  # equal to +0.0 (which the row has too), as in torch.sort and CUB's radix sort
         cases.append(x)
         cases.append(torch.randn(2, 1000, generator=gen).to(dtype))
         cases.append(torch.randn(1, 4096, generator=gen).to(dtype) * 30)
