@@ -3,6 +3,7 @@
 # for it (call 1 also timed the same step tuned with coordinate descent in every direction: VARIANTS=...), then the
 # GPU tests named by TESTS (a pytest -k expression; none if empty). Device call:
 #   run(command="TESTS='small_sort or length_attention' bash bench/run_step_anatomy_gpu.sh", carry=[".whl"])
+# VARIANTS: one-row variants (traced and profiled); LARGE_VARIANTS at LARGE_BATCHES (default 64,256), untraced.
 # Results under $OUT: all.tgz (step.json, step.log, traces/*.json and their *.txt sequences, code/*.py, tests.txt).
 set -u
 source bench/device_call.sh
@@ -12,6 +13,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/gp
 VARIANTS=${VARIANTS:-engine_tuned_length_4096}
 timeout 480 python -m bench.step_variants --variants "$VARIANTS" --batches 1 --compile-batches 1 \
   --trace-dir "$work/traces" --code-dir "$work/code" --out "$work/step.json" --budget-s 400 2>&1 | tee "$work/step.log" | grep -v "^ *\[" | tail -40
+if [ -n "${LARGE_VARIANTS:-}" ]; then  # static-compiled larger buckets (no tuning), one process per call
+  timeout 300 python -m bench.step_variants --variants "$LARGE_VARIANTS" --batches "${LARGE_BATCHES:-64,256}" \
+    --compile-batches "${LARGE_BATCHES:-64,256}" --profile-batches "" --out "$work/step_large.json" --budget-s 240 2>&1 \
+    | tee "$work/step_large.log" | grep -v "^ *\[" | tail -12
+fi
 for t in "$work"/traces/*.json; do
   python -m bench.step_anatomy "$t" --first 400 > "${t%.json}.txt" 2>&1
   head -1 "${t%.json}.txt"

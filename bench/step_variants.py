@@ -11,6 +11,9 @@
    4,096-position cache as its one attention length, as the engine runs it (same rows, positions and first 2,048
    positions of keys and values)
 
+Run 25 added `engine_tuned_no_fold` (the tuned one-row step without its norms folded into the products after them)
+and `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel).
+
 Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 3-4), frames against variant
 1 over 4 committed steps from the same state (sampling is chaotic: one flipped near-tie changes every later code, so
 this counts divergence, not error), and the logits of one decode pass against an fp32 copy of the weights next to
@@ -38,7 +41,7 @@ import torch
 from bench.bench_decode import ATTN_LEN, agreement, fill_rows, make_stepper, run_frames
 from bench.fullsize import FRAME_RATE_HZ, environment, event_ms, random_model, wall_ms, write_json
 from bench.profile_step import kernel_profile
-from model import compiled_regions
+from model import compiled_regions, layers
 from model.dual_ar import DualARTransformer
 from model.layers import Attention
 from model.stepper import DecodeStepper
@@ -58,6 +61,8 @@ class Variant:
     cache_len: int = ATTN_LEN  # the stepper's cache and so its one attention length (the same rows and positions)
     tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
     all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
+    fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
+    fold_norms: bool = True  # one-row compiled regions fold each RMSNorm into the product after it (run 25)
 
 
 VARIANTS = {
@@ -81,12 +86,24 @@ VARIANTS = {
     "engine_tuned_all_dirs": Variant(
         compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, all_directions=True
     ),
+    # run 25's changes one at a time: the norms not folded; the fast stack's attention by inductor / SDPA again
+    "engine_tuned_no_fold": Variant(
+        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, fold_norms=False
+    ),
+    "compiled_length_4096_fast_sdpa": Variant(
+        compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
+    ),
 }
 
 
 def apply(model: DualARTransformer, v: Variant) -> None:
     Attention.decode_attention = "reduction" if v.reduction_attention else v.decode_attention
     model.use_length_attention(v.length_attention)
+    if not v.fast_length_attention:
+        for module in model.fast_layers.modules():
+            if isinstance(module, Attention):
+                module.length_attention = False
+    layers.FOLD_NORMS = v.fold_norms
     if v.fused:
         model.fuse_feed_forward()
     if v.compiled:
