@@ -11,8 +11,9 @@
    4,096-position cache as its one attention length, as the engine runs it (same rows, positions and first 2,048
    positions of keys and values)
 
-Run 25 added `engine_tuned_no_fold` (the tuned one-row step without its norms folded into the products after them)
-and `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel).
+Run 25 added `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel); its
+call 3 also measured RMSNorm folded into the product after it in one-row regions (2.140 against 2.117 ms without:
+no gain, removed).
 
 Per variant and batch: graph replay ms (median of 30), capture time (the compile, for 3-4), frames against variant
 1 over 4 committed steps from the same state (sampling is chaotic: one flipped near-tie changes every later code, so
@@ -41,7 +42,7 @@ import torch
 from bench.bench_decode import ATTN_LEN, agreement, fill_rows, make_stepper, run_frames
 from bench.fullsize import FRAME_RATE_HZ, environment, event_ms, random_model, wall_ms, write_json
 from bench.profile_step import kernel_profile
-from model import compiled_regions, layers
+from model import compiled_regions
 from model.dual_ar import DualARTransformer
 from model.layers import Attention
 from model.stepper import DecodeStepper
@@ -62,7 +63,6 @@ class Variant:
     tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
     all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
     fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
-    fold_norms: bool = True  # one-row compiled regions fold each RMSNorm into the product after it (run 25)
 
 
 VARIANTS = {
@@ -86,10 +86,7 @@ VARIANTS = {
     "engine_tuned_all_dirs": Variant(
         compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, all_directions=True
     ),
-    # run 25's changes one at a time: the norms not folded; the fast stack's attention by inductor / SDPA again
-    "engine_tuned_no_fold": Variant(
-        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, fold_norms=False
-    ),
+    # run 25: the fast stack's attention by inductor / SDPA again (not the kernel)
     "compiled_length_4096_fast_sdpa": Variant(
         compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
     ),
@@ -103,7 +100,6 @@ def apply(model: DualARTransformer, v: Variant) -> None:
         for module in model.fast_layers.modules():
             if isinstance(module, Attention):
                 module.length_attention = False
-    layers.FOLD_NORMS = v.fold_norms
     if v.fused:
         model.fuse_feed_forward()
     if v.compiled:

@@ -25,7 +25,6 @@ from .layers import (
     Linear,
     RMSNorm,
     TransformerBlock,
-    fold_norms,
     invariant_linear,
 )
 from .rope import build_rope_table
@@ -154,9 +153,6 @@ class DualARTransformer(nn.Module):
 
     @region
     def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if fold_norms(hidden) and not self.batch_invariant:
-            head = self.embeddings if self.output is None else self.output
-            return self.norm.folded_linear(hidden, head.weight, getattr(head, "bias", None))
         normed = self.norm(hidden)
         if self.output is not None:
             return self.output(normed)
@@ -166,8 +162,6 @@ class DualARTransformer(nn.Module):
 
     @region
     def fast_logits(self, fast_hidden: torch.Tensor) -> torch.Tensor:
-        if fold_norms(fast_hidden) and not self.batch_invariant:
-            return self.fast_norm.folded_linear(fast_hidden, self.fast_output.weight, self.fast_output.bias)
         return self.fast_output(self.fast_norm(fast_hidden))
 
     # ---- teacher-forced forward (training path; what the parity fixture's forward/* records) -------------------------

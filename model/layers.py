@@ -73,28 +73,6 @@ class RMSNorm(nn.Module):
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.type_as(x) * self.weight
 
-    def folded_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """F.linear(self(x), weight, bias) with the normalisation moved past the product: rsqrt(mean(x²) + eps) is
-        one number per row, so it scales every output alike. For one-row compiled regions (fold_norms): the sum of
-        squares then runs in the product's own loop over x (written per output, a reduction of the product's shape)
-        instead of as a one-program kernel before it, two kernels fewer per layer. The same value up to rounding:
-        x·weight is rounded to the model dtype where upstream rounds the normalised x and then its product."""
-        xf = x.float()
-        squares = (xf * xf).unsqueeze(-2).expand(*x.shape[:-1], weight.shape[0], x.shape[-1])
-        scale = torch.rsqrt(squares.sum(-1) / x.shape[-1] + self.eps)  # (..., N): the same number N times
-        out = (F.linear(x * self.weight, weight).float() * scale).to(x.dtype)
-        return out if bias is None else out + bias
-
-
-# Fold each RMSNorm into the product after it (RMSNorm.folded_linear) inside one-row compiled regions: H200 run 25
-# measured the norms' one-program kernels at ~1.2 µs + a gap, twice per layer pass (112 a one-row step).
-FOLD_NORMS = True
-
-
-def fold_norms(x: torch.Tensor) -> bool:
-    """Whether a block or head folds its norms for input x: being compiled, one row, norms folding on."""
-    return FOLD_NORMS and x.shape[0] == 1 and torch.compiler.is_compiling()
-
 
 def invariant_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
@@ -148,11 +126,10 @@ class Attention(nn.Module):
         v_cache: torch.Tensor | None = None,
         input_pos: torch.Tensor | None = None,  # (B, T) absolute positions to write
         mask: torch.Tensor | None = None,  # (B, 1, T, L) bool, True = visible; None = all of the view visible
-        norm: RMSNorm | None = None,  # x's pre-norm, to fold into wqkv (RMSNorm.folded_linear); None: x is normed
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         kv_size = self.n_local_heads * self.head_dim
-        qkv = self.wqkv(x) if norm is None else norm.folded_linear(x, self.wqkv.weight, self.wqkv.bias)
+        qkv = self.wqkv(x)
         # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
         qk = qkv[..., : self.dim + kv_size].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
         q, k = apply_rope(qk, freqs).split([self.n_head, self.n_local_heads], dim=2)  # (B, T, H|Hkv, hd)
@@ -227,13 +204,7 @@ class FeedForward(nn.Module):
             self.fuse()
         return self
 
-    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
-        """SwiGLU of x, or with `norm` of norm(x) through RMSNorm.folded_linear."""
-        if norm is not None:
-            if self.w13 is None:
-                return self.w2(F.silu(norm.folded_linear(x, self.w1.weight)) * norm.folded_linear(x, self.w3.weight))
-            gate, up = norm.folded_linear(x, self.w13).chunk(2, dim=-1)
-            return self.w2(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w13 is None:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
         gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
@@ -260,8 +231,5 @@ class TransformerBlock(nn.Module):
         input_pos: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if fold_norms(x) and not self.attention.batch_invariant:
-            h = x + self.attention(x, freqs, k_cache, v_cache, input_pos, mask, norm=self.attention_norm)
-            return h + self.feed_forward(h, norm=self.ffn_norm)
         h = x + self.attention(self.attention_norm(x), freqs, k_cache, v_cache, input_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
