@@ -11,7 +11,8 @@
    4,096-position cache as its one attention length, as the engine runs it (same rows, positions and first 2,048
    positions of keys and values)
 
-Run 25 added `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel); its
+Run 25 added `engine_tuned_gemv_off` (the one-row blocks' products by inductor, not model.gemv's kernels) and
+`compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel); its
 call 3 also measured RMSNorm folded into the product after it in one-row regions (2.140 against 2.117 ms without:
 no gain, removed).
 
@@ -42,7 +43,7 @@ import torch
 from bench.bench_decode import ATTN_LEN, agreement, fill_rows, make_stepper, run_frames
 from bench.fullsize import FRAME_RATE_HZ, environment, event_ms, random_model, wall_ms, write_json
 from bench.profile_step import kernel_profile
-from model import compiled_regions
+from model import compiled_regions, gemv
 from model.dual_ar import DualARTransformer
 from model.layers import Attention
 from model.stepper import DecodeStepper
@@ -63,6 +64,7 @@ class Variant:
     tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
     all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
     fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
+    gemv: bool = True  # one-row compiled blocks' products by model.gemv's kernels (run 25), else inductor's
 
 
 VARIANTS = {
@@ -86,7 +88,11 @@ VARIANTS = {
     "engine_tuned_all_dirs": Variant(
         compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, all_directions=True
     ),
-    # run 25: the fast stack's attention by inductor / SDPA again (not the kernel)
+    # run 25: the one-row blocks' products by inductor's tuned reductions again (not model.gemv's kernels); the fast
+    # stack's attention by inductor / SDPA again (not the kernel)
+    "engine_tuned_gemv_off": Variant(
+        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv=False
+    ),
     "compiled_length_4096_fast_sdpa": Variant(
         compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
     ),
@@ -96,6 +102,7 @@ VARIANTS = {
 def apply(model: DualARTransformer, v: Variant) -> None:
     Attention.decode_attention = "reduction" if v.reduction_attention else v.decode_attention
     model.use_length_attention(v.length_attention)
+    gemv.MODE = "auto" if v.gemv else "off"
     if not v.fast_length_attention:
         for module in model.fast_layers.modules():
             if isinstance(module, Attention):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import gemv
 from .compiled_regions import region
 from .decode_attention import length_attention
 from .rope import apply_rope
@@ -40,6 +41,12 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_weight(x, self.weight, self.bias)
+
+    def one_row(self, x: torch.Tensor) -> torch.Tensor:
+        """self(x), by model.gemv's kernel where it applies (one row inside a compiled region, no bias)."""
+        if self.bias is None and not self.batch_invariant:
+            return gemv.linear(x, self.weight)
+        return self(x)
 
     def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """This layer's product (batch-invariant or not) with another weight, e.g. a fused one."""
@@ -129,7 +136,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         kv_size = self.n_local_heads * self.head_dim
-        qkv = self.wqkv(x)
+        qkv = self.wqkv.one_row(x)
         # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
         qk = qkv[..., : self.dim + kv_size].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
         q, k = apply_rope(qk, freqs).split([self.n_head, self.n_local_heads], dim=2)  # (B, T, H|Hkv, hd)
@@ -164,7 +171,7 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, Hkv, G·T, hd)
         y = y.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2).reshape(bsz, seqlen, self.dim)
-        return self.wo(y)
+        return self.wo.one_row(y)
 
     def _by_reduction(self, bsz: int, seqlen: int, cached: bool) -> bool:
         if not cached or seqlen != 1 or not torch.compiler.is_compiling():
@@ -204,11 +211,17 @@ class FeedForward(nn.Module):
             self.fuse()
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w13 is None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """SwiGLU of x, plus `residual` if given (added last, as `residual + ffn(x)`); a one-row product of the
+        fused weights goes through model.gemv inside compiled regions (w2 with the SwiGLU and the add fused)."""
+        if self.w13 is None or self.w1.batch_invariant:
+            if self.w13 is None:
+                out = self.w2(F.silu(self.w1(x)) * self.w3(x))
+            else:
+                gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
+                out = self.w2(F.silu(gate) * up)
+            return out if residual is None else residual + out
+        return gemv.swiglu_linear(gemv.linear(x, self.w13), self.w2.weight, residual)
 
 
 class TransformerBlock(nn.Module):
@@ -232,4 +245,4 @@ class TransformerBlock(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), freqs, k_cache, v_cache, input_pos, mask)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return self.feed_forward(self.ffn_norm(h), residual=h)

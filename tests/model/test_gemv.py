@@ -1,0 +1,87 @@
+"""model.gemv's one-row kernels against the eager products they replace, on CPU through Triton's interpreter (a
+subprocess: the interpreter is chosen when the kernels are defined): alone (plain, SwiGLU input, residual; sizes that
+are no powers of two), and inside a one-row decode step whose regions dynamo traces, against the same step with the
+kernels off. Skipped where Triton is not installed; tests/model/test_gpu.py runs the tuned one-row step on CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
+
+CHECK = textwrap.dedent(
+    """
+    import torch
+    import torch.nn.functional as F
+    from model import compiled_regions, gemv
+
+    gen = torch.Generator().manual_seed(0)
+    for n, k in [(96, 64), (1280, 1024), (37, 200), (1024, 4096)]:
+        w = torch.randn(n, k, generator=gen) / k**0.5
+        x = torch.randn(1, 1, k, generator=gen)
+        res = torch.randn(1, 1, n, generator=gen)
+        gate_up = torch.randn(1, 1, 2 * k, generator=gen)
+        want = F.linear(x, w)
+        got = gemv.launch(x.reshape(-1), w, None, False).view(1, 1, n)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got = gemv.launch(x.reshape(-1), w, res, False).view(1, 1, n)
+        torch.testing.assert_close(got, res + want, rtol=1e-5, atol=1e-5)
+        gate, up = gate_up.chunk(2, dim=-1)
+        got = gemv.launch(gate_up.reshape(-1), w, res, True).view(1, 1, n)
+        torch.testing.assert_close(got, res + F.linear(F.silu(gate) * up, w), rtol=1e-5, atol=1e-5)
+    # bf16: the SwiGLU input rounded where the eager ops round it; the product within bf16 rounding of F.linear's
+    w = (torch.randn(64, 128, generator=gen) / 12).bfloat16()
+    gate_up = torch.randn(1, 256, generator=gen).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.linear(F.silu(gate) * up, w).float()
+    got = gemv.launch(gate_up.reshape(-1), w, None, True).float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+    # outside a compiled region, or more than one row: the eager ops (and bitwise their results)
+    x, w = torch.randn(2, 1, 64, generator=gen), torch.randn(32, 64, generator=gen)
+    assert not gemv.applies(x[:1], w) and torch.equal(gemv.linear(x, w), F.linear(x, w))
+
+    # a one-row decode step of the test model, its regions traced (the kernels as the custom op), against kernels off
+    from tests.model.test_kv_cache import make_model, random_sequence
+
+    model = make_model("gqa_fast_project")
+    model.fuse_feed_forward()
+    frames = random_sequence(model, 1, seed=3)[:, 0].unsqueeze(0)
+    outs = {}
+    for mode in ("off", "auto"):
+        gemv.MODE = mode
+        compiled_regions.reset()
+        cache = model.make_cache(n_slots=1)
+        graphs = []
+
+        def recording_backend(gm, example_inputs):
+            graphs.append(str(gm.graph))
+            return gm.forward
+
+        with torch.inference_mode(), compiled_regions.compiled(recording_backend):
+            logits, hidden = model.decode_slow(frames, cache, torch.tensor([5]), 64)
+            fast = model.fast_step(hidden, model.make_fast_cache(1), 0)
+        outs[mode] = (logits, fast)
+        used = sum(g.count("one_row_gemv") for g in graphs)
+        assert (used > 0) == (mode == "auto"), (mode, used)
+    assert compiled_regions.failed_regions() == []
+    for a, b in zip(outs["off"], outs["auto"]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    print("ok")
+    """
+)
+
+
+def test_one_row_gemv_kernels_equal_the_eager_products_in_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
