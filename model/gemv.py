@@ -1,10 +1,11 @@
 """One-row matrix-vector products (GEMVs) for the decode step's transformer blocks, as Triton kernels.
 
 At one row a decode step is a chain of GEMVs over ~1.7 GB of weights. Inductor's tuned reductions ran them at
-1.0-2.2 TB/s on the H200 (run 25: w1/w3 7.7 µs for 16.8 MB, w2 5.8 µs for 8.4 MB, wqkv 2.5 µs for 2.6 MB): many small
-programs, each looping over part of a row. Here each program reads BLOCK_N whole rows of the weight at once (every
-load in flight together) and writes BLOCK_N outputs; optional fusions keep the kernel count of inductor's version:
-the SwiGLU of w2's input (silu(gate) · up, rounded as the eager ops round) and a residual added to the output.
+0.5-2.8 TB/s on the H200 (run 25: w1/w3 6.1 µs for 16.8 MB, w2 5.3 µs for 8.4 MB, wo 3.9 µs for 2 MB). Here each
+program reads BLOCK_N whole rows of the weight at once (every load in flight together) and writes BLOCK_N outputs:
+faster for the attention's small products, slower for the feed-forward's large ones, which stay with inductor
+(MAX_WEIGHT). Optional fusions, for a feed-forward that runs here (a smaller model or a larger MAX_WEIGHT): the SwiGLU
+of w2's input (silu(gate) · up, rounded as the eager ops round) and a residual added to the output.
 Inside compiled regions the product is a custom op (opaque to inductor, like model.decode_attention's kernel).
 Numerics: fp32 accumulation of the model dtype's products, one rounding to the model dtype (a different summation
 order than cuBLAS's, as any GEMV has); tested against F.linear on CPU through Triton's interpreter and on CUDA.
@@ -28,13 +29,17 @@ except ImportError:  # the CPU wheels of torch ship without Triton
 # "auto": the kernels for one-row products inside compiled regions on CUDA; "off": F.linear (inductor's GEMV)
 MODE = "auto"
 MAX_TILE = 16384  # weight elements one program reads (BLOCK_N rows × the padded row length)
+# Larger weights stay with inductor's tuned reductions: H200 run 25 call 4 measured these kernels slower there (w1/w3,
+# 8,192 × 1,024: 7.9 against 6.1 µs; w2, 1,024 × 4,096: 7.2 against 5.3 µs) and faster or equal below (wo, 1,024 ×
+# 1,024: 2.4 against 3.9 µs; wqkv, 1,280 × 1,024: 2.6 against 2.5 µs)
+MAX_WEIGHT = 1 << 21
 MIN_PROGRAMS = 2 * 132  # at least two programs per SM of an H200 where the rows allow
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once: `applies` runs while dynamo traces
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a product of x (one row) with weight runs the kernel: inside a compiled region, on CUDA (or Triton's
-    interpreter), floating point, the weight's rows contiguous and short enough for one tile."""
+    interpreter), floating point, the weight's rows contiguous and short enough for one tile, at most MAX_WEIGHT."""
     return (
         MODE == "auto"
         and AVAILABLE
@@ -44,6 +49,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and weight.dtype == x.dtype
         and weight.stride(-1) == 1
+        and weight.numel() <= MAX_WEIGHT
         and triton.next_power_of_2(weight.shape[1]) <= MAX_TILE
     )
 
