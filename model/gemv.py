@@ -4,8 +4,9 @@ At one row a decode step is a chain of GEMVs over ~1.7 GB of weights. Inductor's
 0.5-2.8 TB/s on the H200 (run 25: w1/w3 6.1 µs for 16.8 MB, w2 5.3 µs for 8.4 MB, wo 3.9 µs for 2 MB). Here each
 program reads BLOCK_N whole rows of the weight at once (every load in flight together) and writes BLOCK_N outputs:
 faster for the attention's small products, slower for the feed-forward's large ones, which stay with inductor
-(MAX_WEIGHT). Optional fusions, for a feed-forward that runs here (a smaller model or a larger MAX_WEIGHT): the SwiGLU
-of w2's input (silu(gate) · up, rounded as the eager ops round) and a residual added to the output.
+(MAX_WEIGHT). Off by default (MODE) until a whole step with them measures faster. Optional fusions, for a
+feed-forward that runs here (a smaller model or a larger MAX_WEIGHT): the SwiGLU of w2's input (silu(gate) · up,
+rounded as the eager ops round) and a residual added to the output.
 Inside compiled regions the product is a custom op (opaque to inductor, like model.decode_attention's kernel).
 Numerics: fp32 accumulation of the model dtype's products, one rounding to the model dtype (a different summation
 order than cuBLAS's, as any GEMV has); tested against F.linear on CPU through Triton's interpreter and on CUDA.
@@ -26,8 +27,11 @@ try:
 except ImportError:  # the CPU wheels of torch ship without Triton
     AVAILABLE = False
 
-# "auto": the kernels for one-row products inside compiled regions on CUDA; "off": F.linear (inductor's GEMV)
-MODE = "auto"
+# "auto": the kernels for one-row products inside compiled regions on CUDA; "off" (the default): F.linear, which
+# inductor turns into its tuned reductions. Run 25 measured the kernels for every block product slower in the whole
+# step (2.273 against 2.135 ms); wo alone faster (below): `bench.step_variants --variants engine_tuned_gemv` measures
+# the step with them for the products up to MAX_WEIGHT (predicted ~2.09 ms; not yet run)
+MODE = "off"
 MAX_TILE = 16384  # weight elements one program reads (BLOCK_N rows × the padded row length)
 # Larger weights stay with inductor's tuned reductions: H200 run 25 call 4 measured these kernels slower there (w1/w3,
 # 8,192 × 1,024: 7.9 against 6.1 µs; w2, 1,024 × 4,096: 7.2 against 5.3 µs) and faster or equal below (wo, 1,024 ×

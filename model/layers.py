@@ -43,8 +43,9 @@ class Linear(nn.Linear):
         return self.forward_weight(x, self.weight, self.bias)
 
     def one_row(self, x: torch.Tensor) -> torch.Tensor:
-        """self(x), by model.gemv's kernel where it applies (one row inside a compiled region, no bias)."""
-        if self.bias is None and not self.batch_invariant:
+        """self(x), by model.gemv's kernel where it applies (one row inside a compiled region, no bias); otherwise
+        the module call itself (its hooks run: training's HeadScores records through them)."""
+        if self.bias is None and not self.batch_invariant and gemv.applies(x, self.weight):
             return gemv.linear(x, self.weight)
         return self(x)
 
@@ -214,14 +215,14 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """SwiGLU of x, plus `residual` if given (added last, as `residual + ffn(x)`); a one-row product of the
         fused weights goes through model.gemv inside compiled regions (w2 with the SwiGLU and the add fused)."""
-        if self.w13 is None or self.w1.batch_invariant:
-            if self.w13 is None:
-                out = self.w2(F.silu(self.w1(x)) * self.w3(x))
-            else:
-                gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
-                out = self.w2(F.silu(gate) * up)
-            return out if residual is None else residual + out
-        return gemv.swiglu_linear(gemv.linear(x, self.w13), self.w2.weight, residual)
+        if self.w13 is not None and gemv.applies(x, self.w13) and gemv.applies(x, self.w2.weight):
+            return gemv.swiglu_linear(gemv.linear(x, self.w13), self.w2.weight, residual)
+        if self.w13 is None:
+            out = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        else:
+            gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
+            out = self.w2(F.silu(gate) * up)
+        return out if residual is None else residual + out
 
 
 class TransformerBlock(nn.Module):

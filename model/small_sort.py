@@ -92,27 +92,21 @@ if AVAILABLE:
         inside = i < width
         x = tl.load(x_ptr + row * sx_row + i * sx_col, mask=inside, other=0.0)
         # the value's bits, mapped to an unsigned order-preserving integer (negative: all bits flipped; positive:
-        # the sign bit set), then shifted to a signed one so that it can head a signed key; -0.0 is made +0.0 first
-        # (the two are equal, as in CUB's radix sort, so their order is kept); below it, the position counted down:
-        # among equal values the first position has the largest key. 16-bit values make 32-bit keys (half the
-        # sorting network's traffic of 64-bit ones)
+        # the sign bit set), then shifted to a signed one so that it can head a signed 64-bit key; -0.0 is made
+        # +0.0 first (the two are equal, as in CUB's radix sort, so their order is kept)
         if BITS == 32:
             u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
             u = tl.where(u == 0x80000000, 0, u)
             ordered = tl.where(u >= 0x80000000, u ^ 0xFFFFFFFF, u | 0x80000000) - 0x80000000
-            key = (ordered << 32) | (0xFFFFFFFF - i.to(tl.int64))
-            key = tl.where(inside, key, -0x7FFFFFFFFFFFFFFF - 1)  # padding sorts last
         else:
-            u = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            u = x.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
             u = tl.where(u == 0x8000, 0, u)
             ordered = tl.where(u >= 0x8000, u ^ 0xFFFF, u | 0x8000) - 0x8000
-            key = (ordered << 16) | (0xFFFF - i)
-            key = tl.where(inside, key, -0x7FFFFFFF - 1)
+        # below it, the position counted down: among equal values the first position has the largest key
+        key = (ordered << 32) | (0xFFFFFFFF - i.to(tl.int64))
+        key = tl.where(inside, key, -0x7FFFFFFFFFFFFFFF - 1)  # padding sorts last
         key = tl.sort(key, descending=True)
-        if BITS == 32:
-            order = 0xFFFFFFFF - (key & 0xFFFFFFFF)
-        else:
-            order = 0xFFFF - (key & 0xFFFF)
+        order = 0xFFFFFFFF - (key & 0xFFFFFFFF)
         order = tl.where(inside, order, 0)
         value = tl.load(x_ptr + row * sx_row + order * sx_col, mask=inside, other=0.0)
         tl.store(values_ptr + row * width + i, value, mask=inside)
