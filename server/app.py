@@ -147,7 +147,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 prefill_step_share=settings.prefill_step_share,
                 prefill_hold_below_s=settings.prefill_hold_below_s,
                 prefill_hold_max_s=settings.prefill_hold_max_s,
-                prefill_hold_at_risk=settings.prefill_hold_at_risk == "on",
+                prefill_hold_for=settings.prefill_hold_for,
             ),
             max_queued_chars=settings.max_queued_chars,
             admission_wait_s=settings.admission_wait_s,

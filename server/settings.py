@@ -183,12 +183,12 @@ class Settings:
                   "through a burst; new sessions' first audio comes later instead. off: never hold",
                   "shown_default": "0.1"},
     )  # fmt: skip
-    prefill_hold_at_risk: str = field(
-        default="off",
-        metadata={"help": "on | off: with --prefill-hold-below-s, hold new prompts only for a stream that would run "
-                  "dry before its next audio (the frames it lacks plus two turns at the current turn time), not "
-                  "for every stream under the limit (H200 run 23: holds cost 300 streams' p95 first audio 28-45 ms "
-                  "that no stream there needed; run 24 measures this)"},
+    prefill_hold_for: str = field(
+        default="all",
+        metadata={"help": "all | low: with --prefill-hold-below-s, hold new prompts for any nearly dry stream, or only "
+                  "for streams of sessions that asked for latency low (H200 runs 22-24: without holds 300 normal-"
+                  "latency streams' p95 first audio was 148-187 ms against 176-259 ms with them, no underruns at "
+                  "300; latency low streams underran 12-34 %% without them)"},
     )  # fmt: skip
     prefill_hold_max_s: float = field(
         default=0.25,

@@ -13,7 +13,6 @@ import collections
 import hashlib
 import heapq
 import logging
-import math
 import queue
 import secrets
 import time
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from .backend import Backend, RowSampling, history_is_append
-from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, refill_size, split_tail
+from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, Latency, refill_size, split_tail
 from .errors import EngineFault, FishgateError, IncompatibleVoice, Overloaded, PromptTooLong
 from .gc_pauses import freeze_startup_objects
 from .realtime_admission import RealtimeAdmission
@@ -88,11 +87,10 @@ class WorkerLimits:
     # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
     prefill_hold_below_s: float | None = 0.1
     prefill_hold_max_s: float = 0.25
-    # Hold only for a stream at risk: one whose buffer is also under the time its next audio needs at the current
-    # turn time (the frames it still lacks, the turn that vocodes them, and the turn a prompt pass lengthens;
-    # Worker._next_audio_s), not for every stream under prefill_hold_below_s. H200 run 23: holds cost 300 streams'
-    # p95 first audio 28-45 ms while no stream there needed them; at 384 without holds 1 % of requests underran.
-    prefill_hold_at_risk: bool = False
+    # "all": any decoding stream under prefill_hold_below_s holds new prompts; "low": only streams of sessions that
+    # asked for latency low (their 2-frame first chunk leaves the least audio queued). H200 runs 22-24 without holds:
+    # 300 normal-latency streams' p95 first audio 148-187 ms (176-259 ms with them), low-latency streams underran.
+    prefill_hold_for: str = "all"
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
     # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
     grow_chunks_with_buffer: bool = True
@@ -517,12 +515,12 @@ class Worker:
             self._prefill_held_since = None
             return False
         now = time.monotonic()
-        at_risk = self.limits.prefill_hold_at_risk
+        low_only = self.limits.prefill_hold_for == "low"
         dry = any(
             st.phase is Phase.DECODE
             and st.utterance_started_s is not None
-            and (buffer_s := st.client_buffer_s(self.rate_hz, now)) < gate
-            and (not at_risk or buffer_s < self._next_audio_s(st, buffer_s))
+            and (not low_only or st.session.settings.latency is Latency.LOW)
+            and st.client_buffer_s(self.rate_hz, now) < gate
             for st in self.streams.values()
         )
         if not dry:
@@ -531,22 +529,6 @@ class Worker:
         if self._prefill_held_since is None:
             self._prefill_held_since = now
         return now - self._prefill_held_since < self.limits.prefill_hold_max_s
-
-    def _next_audio_s(self, st: Stream, buffer_s: float) -> float:
-        """About how long until a decoding stream's next audio reaches its client, if this turn also runs a prompt
-        pass: the frames its next chunk still lacks (a refill needs MIN_REFILL_FRAMES, a scheduled chunk its size),
-        one turn each, then the turn that vocodes it and the turn the prompt lengthens. Infinite before any turn
-        has been timed (every stream under the hold's limit counts then)."""
-        turn_s = self.admission.turn_avg_s
-        if turn_s <= 0:
-            return math.inf
-        queued = len(st.vocoder_queue)
-        refill = self.limits.refill_below_s
-        if refill is not None and buffer_s < refill and st.session.settings.seed is None:
-            lacking = max(MIN_REFILL_FRAMES - queued, 0)
-        else:
-            lacking = max(st.schedule.size(st.chunk_index) - queued, 0)
-        return (lacking + 2) * turn_s
 
     def _reuse_prefix(self, st: Stream) -> None:
         """Copy a cached voice prefix into this stream's row instead of prefilling it again."""

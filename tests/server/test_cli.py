@@ -226,10 +226,11 @@ def test_the_prompt_hold_flags_reach_the_engines_worker_limits() -> None:
     from server.settings import parse_settings
 
     limits = build_gateway(parse_settings([])).engine.config.limits
-    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s, limits.prefill_hold_at_risk) == (0.1, 0.25, False)
+    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s, limits.prefill_hold_for) == (0.1, 0.25, "all")
     flags = ["--prefill-hold-below-s", "off", "--prefill-hold-max-s", "0.05"]
     limits = build_gateway(parse_settings(flags)).engine.config.limits
     assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (None, 0.05)
-    assert build_gateway(parse_settings(["--prefill-hold-at-risk", "on"])).engine.config.limits.prefill_hold_at_risk
-    with pytest.raises(SystemExit, match="--prefill-hold-at-risk must be on or off"):
-        parse_settings(["--prefill-hold-at-risk", "maybe"])
+    limits = build_gateway(parse_settings(["--prefill-hold-for", "low"])).engine.config.limits
+    assert limits.prefill_hold_for == "low"
+    with pytest.raises(SystemExit, match="--prefill-hold-for must be all or low"):
+        parse_settings(["--prefill-hold-for", "some"])

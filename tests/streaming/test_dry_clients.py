@@ -216,48 +216,42 @@ def test_the_client_buffer_estimate_carries_no_past_gap() -> None:
     assert st.client_buffer_s(rate, now=15.25) == 0.75
 
 
-@pytest.mark.parametrize("at_risk", [False, True])
-def test_holds_at_risk_wait_only_for_a_stream_that_would_run_dry_before_its_next_audio(at_risk) -> None:
-    """With --prefill-hold-at-risk, a stream under --prefill-hold-below-s holds new prompts only if its buffer is
-    also under the time its next audio needs: the frames its next chunk lacks plus two turns, at the measured turn
-    time. Worker state set by hand on the real tiny backend (timing-free): one decoding stream, 60 ms buffered."""
+@pytest.mark.parametrize("hold_for", ["all", "low"])
+def test_holds_for_low_latency_wait_only_for_streams_that_asked_for_latency_low(hold_for) -> None:
+    """With --prefill-hold-for low, a nearly dry stream holds new prompts only if its session asked for latency low;
+    with all (the default), any does. Worker state set by hand on the real tiny backend (timing-free): one
+    decoding stream with 60 ms of audio buffered, under the 0.1 s limit."""
     import queue
 
     from streaming.backend import Backend, BackendConfig
-    from streaming.chunking import MIN_REFILL_FRAMES, ChunkSchedule
+    from streaming.chunking import ChunkSchedule, Latency
     from streaming.session import Session
     from streaming.stream_state import Phase, Stream
     from streaming.worker import Worker, WorkerLimits
 
-    limits = WorkerLimits(prefill_hold_below_s=0.1, prefill_hold_max_s=0.25, prefill_hold_at_risk=at_risk)
+    limits = WorkerLimits(prefill_hold_below_s=0.1, prefill_hold_max_s=0.25, prefill_hold_for=hold_for)
     worker = Worker(Backend(BackendConfig(checkpoint=RANDOM_TINY_MODEL, max_sessions=2)), queue.Queue(), limits)
     loop = asyncio.new_event_loop()
     loop.close()  # the session's loop is never run here
-    session = Session(Voice(), SynthesisSettings(), lambda _: None, loop)
-    st = Stream(session, slot=0, seed=1, schedule=ChunkSchedule((4, 8)), prefix=None, phase=Phase.DECODE)
-    worker.streams[session.id] = st
-    worker.rows.open(session.id)
-    worker.rows.activate(session.id)
-    worker.prefill_queue.append(999)  # a prompt waiting (only its presence is read)
     rate = worker.rate_hz
 
-    def holds(turn_s: float, queued: int) -> bool:
-        now = time.monotonic()
-        st.utterance_samples, st.utterance_started_s = int(0.06 * rate), now  # 60 ms of audio, just sent
-        st.vocoder_queue = [np.zeros(1)] * queued
-        worker.admission.turn_avg_s = turn_s
+    def holds(latency: Latency, buffered_s: float = 0.06) -> bool:
+        worker.streams.clear()
+        session = Session(Voice(), SynthesisSettings(latency=latency), lambda _: None, loop)
+        st = Stream(session, slot=0, seed=1, schedule=ChunkSchedule((4, 8)), prefix=None, phase=Phase.DECODE)
+        worker.streams[session.id] = st
+        worker.rows.open(session.id)
+        worker.rows.activate(session.id)
+        worker.prefill_queue.append(999)  # a prompt waiting (only its presence is read)
+        st.utterance_samples, st.utterance_started_s = int(buffered_s * rate), time.monotonic()
         worker._prefill_held_since = None
-        return worker._hold_prefill()
+        try:
+            return worker._hold_prefill()
+        finally:
+            worker.prefill_queue.clear()
+            worker.rows.close(session.id)
 
-    # 5 ms turns, its refill ready (4 frames queued): the next audio is ~10 ms away, well inside 60 ms
-    assert holds(0.005, MIN_REFILL_FRAMES) is not at_risk
-    # 5 ms turns, nothing queued: 6 turns = 30 ms, still inside
-    assert holds(0.005, 0) is not at_risk
-    # 20 ms turns, nothing queued: 120 ms, it would run dry first: both hold
-    assert holds(0.020, 0)
-    # no turn timed yet: every stream under the limit counts
-    assert holds(0.0, MIN_REFILL_FRAMES)
-    # a buffer over --prefill-hold-below-s never holds
-    st.utterance_samples = int(0.5 * rate)
-    worker.admission.turn_avg_s, worker._prefill_held_since = 0.020, None
-    assert not worker._hold_prefill()
+    assert holds(Latency.LOW)
+    assert holds(Latency.BALANCED) is (hold_for == "all")
+    assert holds(Latency.NORMAL) is (hold_for == "all")
+    assert not holds(Latency.LOW, buffered_s=0.5)  # over the limit: never
