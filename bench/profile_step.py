@@ -72,7 +72,7 @@ TRITON_FAMILIES = (
 LIBRARY_FAMILIES = (
     ("sort", ("radixsort", "sort")),
     ("scan (top-p cumsum)", ("devicescan", "scan")),
-    ("gemm", ("nvjet", "gemm", "cutlass", "splitk", "xmma", "cublas")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "splitk", "xmma", "cublas", "_gemv")),  # the last: model.gemv's kernels
     ("attention", ("fmha", "flash", "cudnn", "length_attention")),  # the last: model.decode_attention's kernels
     ("gather/scatter/index", ("scatter", "gather", "index")),
     ("copy", ("memcpy", "memset")),

@@ -25,6 +25,8 @@ from bench.profile_step import kernel_family
         ("Memcpy DtoD (Device -> Device)", "copy"),
         ("_length_attention_split", "attention"),  # model.decode_attention's Triton kernels (not inductor's)
         ("_length_attention_merge", "attention"),
+        ("_sort_rows", "sort"),  # model.small_sort's
+        ("_gemv", "gemm"),  # model.gemv's
         ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>", "other"),
     ],
 )  # fmt: skip
