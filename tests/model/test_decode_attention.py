@@ -5,12 +5,11 @@ Triton is not installed; tests/model/test_gpu.py runs the same checks compiled o
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.model.triton_interpreter import run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
@@ -118,12 +117,7 @@ CHECK = textwrap.dedent(
 
 
 def test_length_attention_equals_the_masked_softmax_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
+    run_interpreted(CHECK)
 
 
 EAGER_AND_TRACED = textwrap.dedent(
@@ -156,10 +150,4 @@ def test_eager_calls_skip_the_custom_op_and_traced_calls_keep_it() -> None:
     """Eager calls (the engine's start-up self-check, CUDA graphs without compile) launch the kernels directly: the
     custom op's first call imports torch._dynamo and torch._inductor (1.5 s here; most of the H200 engine's 4.4-6.9 s
     kernel check, run 22). Under torch.compile the call is still the opaque custom op, in one graph, same numbers."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run(
-        [sys.executable, "-c", EAGER_AND_TRACED], cwd=root, env=env, capture_output=True, text=True, timeout=600,
-        check=False,
-    )  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
+    run_interpreted(EAGER_AND_TRACED)

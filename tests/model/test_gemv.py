@@ -6,12 +6,11 @@ kernels off. Skipped where Triton is not installed; tests/model/test_gpu.py runs
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.model.triton_interpreter import run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
@@ -79,9 +78,4 @@ CHECK = textwrap.dedent(
 
 
 def test_one_row_gemv_kernels_equal_the_eager_products_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
+    run_interpreted(CHECK)

@@ -5,12 +5,11 @@ installed; tests/model/test_gpu.py checks it against CUDA's own torch.sort and i
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.model.triton_interpreter import run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
@@ -59,9 +58,4 @@ CHECK = textwrap.dedent(
 
 
 def test_the_kernel_sorts_as_stable_torch_sort_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
+    run_interpreted(CHECK)
