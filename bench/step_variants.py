@@ -11,8 +11,8 @@
    4,096-position cache as its one attention length, as the engine runs it (same rows, positions and first 2,048
    positions of keys and values)
 
-Run 25 added `engine_tuned_gemv` / `engine_tuned_gemv_all` (the one-row blocks' products up to 2M weights / all of
-them by model.gemv's kernels; call 4 ran the latter as `engine_tuned_length_4096` and the default as
+Run 25 added `engine_tuned_gemv` (the one-row blocks' attention products, wqkv and wo, by model.gemv's kernels; call
+4 ran every block product through them, as `engine_tuned_length_4096` then, against the default as
 `engine_tuned_gemv_off`) and `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel); its
 call 3 also measured RMSNorm folded into the product after it in one-row regions (2.140 against 2.117 ms without:
 no gain, removed).
@@ -65,7 +65,7 @@ class Variant:
     tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
     all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
     fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
-    gemv_max_weight: int = 0  # one-row compiled blocks' products up to this size by model.gemv's kernels; 0: none
+    gemv: bool = False  # one-row compiled blocks' wqkv and wo by model.gemv's kernels (run 25)
 
 
 VARIANTS = {
@@ -89,14 +89,9 @@ VARIANTS = {
     "engine_tuned_all_dirs": Variant(
         compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, all_directions=True
     ),
-    # run 25: the one-row blocks' products up to model.gemv.MAX_WEIGHT (wo, wqkv) by model.gemv's kernels, or every
-    # one (call 4's `engine_tuned_length_4096`: slower); the fast stack's attention by inductor / SDPA (not the kernel)
-    "engine_tuned_gemv": Variant(
-        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv_max_weight=1 << 21
-    ),
-    "engine_tuned_gemv_all": Variant(
-        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv_max_weight=1 << 40
-    ),
+    # run 25: the one-row blocks' wqkv and wo by model.gemv's kernels; the fast stack's attention by inductor / SDPA
+    # (not the kernel)
+    "engine_tuned_gemv": Variant(compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv=True),
     "compiled_length_4096_fast_sdpa": Variant(
         compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
     ),
@@ -106,8 +101,7 @@ VARIANTS = {
 def apply(model: DualARTransformer, v: Variant) -> None:
     Attention.decode_attention = "reduction" if v.reduction_attention else v.decode_attention
     model.use_length_attention(v.length_attention)
-    gemv.MODE = "auto" if v.gemv_max_weight else "off"
-    gemv.MAX_WEIGHT = v.gemv_max_weight or gemv.MAX_WEIGHT
+    gemv.MODE = "auto" if v.gemv else "off"
     if not v.fast_length_attention:
         for module in model.fast_layers.modules():
             if isinstance(module, Attention):

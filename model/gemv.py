@@ -1,12 +1,11 @@
-"""One-row matrix-vector products (GEMVs) for the decode step's transformer blocks, as Triton kernels.
+"""One-row matrix-vector products (GEMVs) for the decode step's attention projections, as Triton kernels.
 
 At one row a decode step is a chain of GEMVs over ~1.7 GB of weights. Inductor's tuned reductions ran them at
 0.5-2.8 TB/s on the H200 (run 25: w1/w3 6.1 µs for 16.8 MB, w2 5.3 µs for 8.4 MB, wo 3.9 µs for 2 MB). Here each
 program reads BLOCK_N whole rows of the weight at once (every load in flight together) and writes BLOCK_N outputs:
-faster for the attention's small products, slower for the feed-forward's large ones, which stay with inductor
-(MAX_WEIGHT). Off by default (MODE) until a whole step with them measures faster. Optional fusions, for a
-feed-forward that runs here (a smaller model or a larger MAX_WEIGHT): the SwiGLU of w2's input (silu(gate) · up,
-rounded as the eager ops round) and a residual added to the output.
+faster for the attention's small products, slower for the feed-forward's large ones (run 25 call 4, with the SwiGLU
+and the residual add fused into w2: removed since), which stay with inductor (MAX_WEIGHT). Off by default (MODE)
+until a whole step with them measures faster. Layers call it through `Linear.one_row` (wqkv and wo).
 Inside compiled regions the product is a custom op (opaque to inductor, like model.decode_attention's kernel).
 Numerics: fp32 accumulation of the model dtype's products, one rounding to the model dtype (a different summation
 order than cuBLAS's, as any GEMV has); tested against F.linear on CPU through Triton's interpreter and on CUDA.
@@ -58,75 +57,43 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight) (+ residual) for x (..., K) holding one row: the kernel where `applies`, else eager ops."""
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) for x (..., K) holding one row: the kernel where `applies`, else F.linear."""
     if not applies(x, weight):
-        out = F.linear(x, weight)
-        return out if residual is None else residual + out
-    return _op(x, weight, residual, False)
-
-
-def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(silu(gate) * up, weight) (+ residual), gate and up the two halves of gate_up's last dimension."""
-    if not applies(gate_up, weight):
-        gate, up = gate_up.chunk(2, dim=-1)
-        out = F.linear(F.silu(gate) * up, weight)
-        return out if residual is None else residual + out
-    return _op(gate_up, weight, residual, True)
-
-
-def _op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
-    out = torch.ops.fishgate.one_row_gemv(x.reshape(-1), weight, residual, swiglu)
-    return out.view(*x.shape[:-1], weight.shape[0])
+        return F.linear(x, weight)
+    return torch.ops.fishgate.one_row_gemv(x.reshape(-1), weight).view(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("fishgate::one_row_gemv", mutates_args=())
-def _gemv_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
-    return launch(x, weight, residual, swiglu)
+def _gemv_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return launch(x, weight)
 
 
 @_gemv_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.empty(weight.shape[0], dtype=x.dtype, device=x.device)
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
-    """The kernel on a flat row x (K,) or (2K,) with swiglu: weight (N, K) → (N,)."""
+def launch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The kernel on a flat row x (K,): weight (N, K) → (N,)."""
     n, k = weight.shape
-    assert x.numel() == (2 * k if swiglu else k) and x.stride(-1) == 1
-    assert residual is None or residual.numel() == n
+    assert x.numel() == k and x.stride(-1) == 1
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     k_pad = triton.next_power_of_2(k)
     block_n = max(1, min(MAX_TILE // k_pad, triton.next_power_of_2(max(1, n // MIN_PROGRAMS))))
-    res = out if residual is None else residual.reshape(-1)
-    _gemv[(triton.cdiv(n, block_n),)](
-        x, weight, res, out, n, k, weight.stride(0),
-        BLOCK_N=block_n, K_PAD=k_pad, SWIGLU=swiglu, RESIDUAL=residual is not None, num_warps=4,
-    )  # fmt: skip
+    _gemv[(triton.cdiv(n, block_n),)](x, weight, out, n, k, weight.stride(0), BLOCK_N=block_n, K_PAD=k_pad, num_warps=4)
     return out
 
 
 if AVAILABLE:
 
     @triton.jit
-    def _gemv(
-        x_ptr, w_ptr, res_ptr, out_ptr, n, k, sw_n,
-        BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
-    ):  # fmt: skip
+    def _gemv(x_ptr, w_ptr, out_ptr, n, k, sw_n, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, K_PAD)
         live_k = cols < k
-        if SWIGLU:  # silu(gate) rounded to the model dtype, times up, rounded again: the eager ops' roundings
-            gate = tl.load(x_ptr + cols, mask=live_k, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + k + cols, mask=live_k, other=0.0)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(up.dtype)
-            a = (silu.to(tl.float32) * up.to(tl.float32)).to(up.dtype).to(tl.float32)
-        else:
-            a = tl.load(x_ptr + cols, mask=live_k, other=0.0).to(tl.float32)
         live_n = rows < n
+        a = tl.load(x_ptr + cols, mask=live_k, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + rows[:, None] * sw_n + cols[None, :], mask=live_n[:, None] & live_k[None, :], other=0.0)
         acc = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        y = acc.to(out_ptr.dtype.element_ty)
-        if RESIDUAL:  # residual + product in the model dtype, as the eager add
-            y = (tl.load(res_ptr + rows, mask=live_n, other=0.0).to(tl.float32) + y.to(tl.float32)).to(y.dtype)
-        tl.store(out_ptr + rows, y, mask=live_n)
+        tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=live_n)

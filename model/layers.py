@@ -212,17 +212,11 @@ class FeedForward(nn.Module):
             self.fuse()
         return self
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """SwiGLU of x, plus `residual` if given (added last, as `residual + ffn(x)`); a one-row product of the
-        fused weights goes through model.gemv inside compiled regions (w2 with the SwiGLU and the add fused)."""
-        if self.w13 is not None and gemv.applies(x, self.w13) and gemv.applies(x, self.w2.weight):
-            return gemv.swiglu_linear(gemv.linear(x, self.w13), self.w2.weight, residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w13 is None:
-            out = self.w2(F.silu(self.w1(x)) * self.w3(x))
-        else:
-            gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
-            out = self.w2(F.silu(gate) * up)
-        return out if residual is None else residual + out
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w1.forward_weight(x, self.w13).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):
@@ -246,4 +240,4 @@ class TransformerBlock(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), freqs, k_cache, v_cache, input_pos, mask)
-        return self.feed_forward(self.ffn_norm(h), residual=h)
+        return h + self.feed_forward(self.ffn_norm(h))

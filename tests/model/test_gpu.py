@@ -576,8 +576,8 @@ def test_small_sort_equals_cudas_torch_sort(dtype: torch.dtype) -> None:
 
 @torch.inference_mode()
 def test_one_row_gemv_kernels_at_full_size_bf16() -> None:
-    """model.gemv's kernels at the DualAR's block shapes in bf16 against F.linear in fp32 on the same values: as close
-    as cuBLAS's bf16 product is (plain, residual, SwiGLU input)."""
+    """model.gemv's kernel at the DualAR's block shapes in bf16 against F.linear in fp32 on the same values: as close
+    as cuBLAS's bf16 product is."""
     import torch.nn.functional as F
 
     from model import gemv
@@ -586,17 +586,7 @@ def test_one_row_gemv_kernels_at_full_size_bf16() -> None:
     for n, k in [(1280, 1024), (1024, 1024), (8192, 1024), (1024, 4096)]:
         w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
         x = torch.randn(k, device="cuda", generator=gen).bfloat16()
-        res = torch.randn(n, device="cuda", generator=gen).bfloat16()
-        gate_up = torch.randn(2 * k, device="cuda", generator=gen).bfloat16()
-        gate, up = gate_up.chunk(2)
-        swiglu_in = F.silu(gate) * up
-        for got, inp, add in [
-            (gemv.launch(x, w, None, False), x, None),
-            (gemv.launch(x, w, res, False), x, res),
-            (gemv.launch(gate_up, w, res, True), swiglu_in, res),
-        ]:
-            exact = F.linear(inp.float(), w.float()) + (0 if add is None else add.float())
-            cublas = F.linear(inp, w) + (0 if add is None else add)
-            err = ((got.float() - exact).norm() / exact.norm()).item()
-            cublas_err = ((cublas.float() - exact).norm() / exact.norm()).item()
-            assert err <= max(1.5 * cublas_err, 4e-3), (n, k, err, cublas_err)
+        exact = F.linear(x.float(), w.float())
+        err = ((gemv.launch(x, w).float() - exact).norm() / exact.norm()).item()
+        cublas_err = ((F.linear(x, w).float() - exact).norm() / exact.norm()).item()
+        assert err <= max(1.5 * cublas_err, 4e-3), (n, k, err, cublas_err)
