@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run 25: the tuned one-row decode step's kernels in launch order (grid, block, gaps) and inductor's generated code
+# Run 26: GEMV_SWEEP=<seconds> first measures model.gemv's launch configs (bench/gemv_sweep.py) and hands them to the
+# step variants (engine_tuned_gemv). Run 25: the tuned one-row decode step's kernels in launch order (grid, block, gaps) and inductor's generated code
 # for it (call 1 also timed the same step tuned with coordinate descent in every direction: VARIANTS=...), then the
 # GPU tests named by TESTS (a pytest -k expression; none if empty). Device call:
 #   run(command="TESTS='small_sort or length_attention' bash bench/run_step_anatomy_gpu.sh", carry=[".whl"])
@@ -11,8 +12,15 @@ work=/tmp/anatomy
 begin_call "$work"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$work/gpu.txt"
 VARIANTS=${VARIANTS:-engine_tuned_length_4096}
-timeout 480 python -m bench.step_variants --variants "$VARIANTS" --batches 1 --compile-batches 1 \
-  --trace-dir "$work/traces" --code-dir "$work/code" --out "$work/step.json" --budget-s 400 2>&1 | tee "$work/step.log" | grep -v "^ *\[" | tail -40
+gemv_args=()
+if [ -n "${GEMV_SWEEP:-}" ]; then  # run 26: model.gemv's configs measured first (GEMV_SWEEP = the sweep's budget, s)
+  timeout $((GEMV_SWEEP + 90)) python -m bench.gemv_sweep --out "$work/gemv_sweep.json" --budget-s "$GEMV_SWEEP" 2>&1 \
+    | tee "$work/gemv_sweep.log" | tail -8
+  [ -s "$work/gemv_sweep.json" ] && gemv_args=(--gemv-configs "$work/gemv_sweep.json")
+fi
+timeout "${STEP_TIMEOUT_S:-480}" python -m bench.step_variants --variants "$VARIANTS" --batches 1 --compile-batches 1 \
+  --trace-dir "$work/traces" --code-dir "$work/code" --out "$work/step.json" --budget-s 400 "${gemv_args[@]}" 2>&1 \
+  | tee "$work/step.log" | grep -v "^ *\[" | tail -40
 if [ -n "${LARGE_VARIANTS:-}" ]; then  # static-compiled larger buckets (no tuning), one process per call
   timeout 300 python -m bench.step_variants --variants "$LARGE_VARIANTS" --batches "${LARGE_BATCHES:-64,256}" \
     --compile-batches "${LARGE_BATCHES:-64,256}" --profile-batches "" --out "$work/step_large.json" --budget-s 240 2>&1 \

@@ -11,9 +11,9 @@
    4,096-position cache as its one attention length, as the engine runs it (same rows, positions and first 2,048
    positions of keys and values)
 
-Run 25 added `engine_tuned_gemv` (the one-row blocks' attention products, wqkv and wo, by model.gemv's kernels; call
-4 ran every block product through them, as `engine_tuned_length_4096` then, against the default as
-`engine_tuned_gemv_off`) and `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel); its
+Run 25 added `engine_tuned_gemv` (call 4 ran every block product through model.gemv's kernels, as
+`engine_tuned_length_4096` then, against the default as `engine_tuned_gemv_off`; run 26 made it the blocks' four
+products and the codebook heads with the norms, SwiGLU and residual adds fused in, configs from bench.gemv_sweep) and `compiled_length_4096_fast_sdpa` (the fast stack's attention by inductor / SDPA, not the kernel); its
 call 3 also measured RMSNorm folded into the product after it in one-row regions (2.140 against 2.117 ms without:
 no gain, removed).
 
@@ -65,7 +65,7 @@ class Variant:
     tune_single_row: bool = False  # the stepper's own tuned one-row regions (compiled_regions.tuned_options())
     all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
     fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
-    gemv: bool = False  # one-row compiled blocks' wqkv and wo by model.gemv's kernels (run 25)
+    gemv: bool = False  # one-row compiled blocks and codebook heads by model.gemv's fused kernels (run 26)
 
 
 VARIANTS = {
@@ -89,8 +89,9 @@ VARIANTS = {
     "engine_tuned_all_dirs": Variant(
         compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, all_directions=True
     ),
-    # run 25: the one-row blocks' wqkv and wo by model.gemv's kernels; the fast stack's attention by inductor / SDPA
-    # (not the kernel)
+    # run 26: the one-row blocks' four products and the codebook heads by model.gemv's kernels, norms, SwiGLU and
+    # residual adds fused into them (run 25: wqkv and wo only, unfused); then the fast stack's attention by
+    # inductor / SDPA (not the kernel)
     "engine_tuned_gemv": Variant(compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv=True),
     "compiled_length_4096_fast_sdpa": Variant(
         compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
@@ -264,7 +265,10 @@ def main() -> None:
     ap.add_argument("--profile-batches", default="1", help="kernel profiles of these batches' graphs")
     ap.add_argument("--trace-dir", default=None, help="write each profile's Chrome trace here")
     ap.add_argument("--code-dir", default=None, help="copy inductor's generated Python (kernels, call order) here")
+    ap.add_argument("--gemv-configs", default=None, help="model.gemv's launch configs from bench.gemv_sweep's JSON")
     args = ap.parse_args()
+    if args.gemv_configs:
+        print(f"gemv configs: {gemv.load_configs(args.gemv_configs)} from {args.gemv_configs}", flush=True)
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
     profile_batches = tuple(int(x) for x in args.profile_batches.split(",") if x)

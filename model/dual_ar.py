@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import decode_attention
+from . import decode_attention, gemv
 from .compiled_regions import region
 from .config import DualARConfig
 from .kv_cache import SEQ_ALIGN, KVCache
@@ -146,6 +146,9 @@ class DualARTransformer(nn.Module):
 
     @region
     def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embeddings.weight if self.output is None else self.output.weight
+        if self._head_by_gemv(hidden, weight, self.output):
+            return gemv.linear(hidden, weight, self.norm.weight, self.norm.eps)
         normed = self.norm(hidden)
         if self.output is not None:
             return self.output(normed)
@@ -155,7 +158,19 @@ class DualARTransformer(nn.Module):
 
     @region
     def fast_logits(self, fast_hidden: torch.Tensor) -> torch.Tensor:
+        if self._head_by_gemv(fast_hidden, self.fast_output.weight, self.fast_output):
+            return gemv.linear(fast_hidden, self.fast_output.weight, self.fast_norm.weight, self.fast_norm.eps)
         return self.fast_output(self.fast_norm(fast_hidden))
+
+    def _head_by_gemv(self, hidden: torch.Tensor, weight: torch.Tensor, linear: nn.Linear | None) -> bool:
+        """A head's norm and product as one model.gemv kernel: one row, kernels on, no bias, not batch-invariant
+        mode, at most gemv.MAX_HEAD_ROWS outputs (the text vocabulary's 102,048 stay with inductor)."""
+        return (
+            (linear is None or linear.bias is None)
+            and not self.batch_invariant
+            and weight.shape[0] <= gemv.MAX_HEAD_ROWS
+            and gemv.applies(hidden, weight)
+        )
 
     # ---- teacher-forced forward (training path; what the parity fixture's forward/* records) -------------------------
     def forward(self, inp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

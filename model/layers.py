@@ -42,13 +42,6 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_weight(x, self.weight, self.bias)
 
-    def one_row(self, x: torch.Tensor) -> torch.Tensor:
-        """self(x), by model.gemv's kernel where it applies (one row inside a compiled region, no bias); otherwise
-        the module call itself (its hooks run: training's HeadScores records through them)."""
-        if self.bias is None and not self.batch_invariant and gemv.applies(x, self.weight):
-            return gemv.linear(x, self.weight)
-        return self(x)
-
     def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """This layer's product (batch-invariant or not) with another weight, e.g. a fused one."""
         if not self.batch_invariant:
@@ -135,9 +128,20 @@ class Attention(nn.Module):
         input_pos: torch.Tensor | None = None,  # (B, T) absolute positions to write
         mask: torch.Tensor | None = None,  # (B, 1, T, L) bool, True = visible; None = all of the view visible
     ) -> torch.Tensor:
-        bsz, seqlen, _ = x.shape
+        return self.wo(self.attend(self.wqkv(x), freqs, k_cache, v_cache, input_pos, mask))
+
+    def attend(
+        self,
+        qkv: torch.Tensor,  # (B, T, (n_head + 2 n_local_heads) hd): the wqkv product
+        freqs: torch.Tensor,
+        k_cache: torch.Tensor | None = None,
+        v_cache: torch.Tensor | None = None,
+        input_pos: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Everything between the two projections: RoPE, the cache writes, attention → (B, T, dim)."""
+        bsz, seqlen, _ = qkv.shape
         kv_size = self.n_local_heads * self.head_dim
-        qkv = self.wqkv.one_row(x)
         # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
         qk = qkv[..., : self.dim + kv_size].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
         q, k = apply_rope(qk, freqs).split([self.n_head, self.n_local_heads], dim=2)  # (B, T, H|Hkv, hd)
@@ -149,11 +153,11 @@ class Attention(nn.Module):
         q = q.transpose(1, 2).reshape(bsz, self.n_local_heads, group * seqlen, self.head_dim)  # (B, Hkv, G·T, hd)
         if k_cache is None or v_cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, hd)
-            causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device).tril()
+            causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=qkv.device).tril()
             attn_mask: torch.Tensor | None = causal.repeat(group, 1)  # (G·T, T)
         else:
             assert input_pos is not None
-            rows = torch.arange(bsz, device=x.device).unsqueeze(1)  # (B, 1)
+            rows = torch.arange(bsz, device=qkv.device).unsqueeze(1)  # (B, 1)
             k_cache[rows, :, input_pos] = k.to(k_cache.dtype)  # indexes (B, T, Hkv, hd)
             v_cache[rows, :, input_pos] = v.to(v_cache.dtype)
             keys, values = k_cache, v_cache
@@ -164,15 +168,14 @@ class Attention(nn.Module):
         if self.length_attention and k_cache is not None and seqlen == 1 and not self.batch_invariant:
             assert input_pos is not None
             y = length_attention(q, keys, values, input_pos[:, 0], length_offset=1)  # keys [0, pos] of each row
-        elif self.batch_invariant or x.device.type == "cpu":
+        elif self.batch_invariant or qkv.device.type == "cpu":
             # also the faster choice on CPU: SDPA's CPU kernel costs milliseconds per call at these sizes
             y = invariant_attention(q, keys, values, attn_mask)
         elif self._by_reduction(bsz, seqlen, k_cache is not None):
             y = reduction_attention(q, keys, values, attn_mask)
         else:
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, Hkv, G·T, hd)
-        y = y.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2).reshape(bsz, seqlen, self.dim)
-        return self.wo.one_row(y)
+        return y.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2).reshape(bsz, seqlen, self.dim)
 
     def _by_reduction(self, bsz: int, seqlen: int, cached: bool) -> bool:
         if not cached or seqlen != 1 or not torch.compiler.is_compiling():
@@ -239,5 +242,38 @@ class TransformerBlock(nn.Module):
         input_pos: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self._by_gemv_kernels(x):
+            return self._one_row(x, freqs, k_cache, v_cache, input_pos, mask)
         h = x + self.attention(self.attention_norm(x), freqs, k_cache, v_cache, input_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def _by_gemv_kernels(self, x: torch.Tensor) -> bool:
+        """One row inside a compiled region with model.gemv's kernels on (not batch-invariant mode: there a row
+        must compute as it does beside others), fused w1/w3, no qkv bias."""
+        attention, ff = self.attention, self.feed_forward
+        return (
+            ff.w13 is not None
+            and attention.wqkv.bias is None
+            and not (attention.batch_invariant or attention.wqkv.batch_invariant)
+            and gemv.applies(x, attention.wqkv.weight)
+        )
+
+    def _one_row(
+        self,
+        x: torch.Tensor,
+        freqs: torch.Tensor,
+        k_cache: torch.Tensor | None,
+        v_cache: torch.Tensor | None,
+        input_pos: torch.Tensor | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """forward for one row as four model.gemv kernels around the attention: the two norms and the residual adds
+        ride on the products (no kernels of their own), SwiGLU on w2's."""
+        attention, ff = self.attention, self.feed_forward
+        assert ff.w13 is not None
+        norm1, norm2 = self.attention_norm, self.ffn_norm
+        qkv = gemv.linear(x, attention.wqkv.weight, norm1.weight, norm1.eps)
+        y = attention.attend(qkv, freqs, k_cache, v_cache, input_pos, mask)
+        h = gemv.linear(y, attention.wo.weight, residual=x)
+        gate_up = gemv.linear(h, ff.w13, norm2.weight, norm2.eps)
+        return gemv.linear(gate_up, ff.w2.weight, swiglu=True, residual=h)

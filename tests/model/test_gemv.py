@@ -21,21 +21,45 @@ CHECK = textwrap.dedent(
     from model import compiled_regions, gemv
 
     gen = torch.Generator().manual_seed(0)
+    # every fused form against the eager ops it replaces (gemv.reference), fp32, sizes that are no powers of two,
+    # with the rule of thumb's config and with configs that split K into unrolled pieces
     for n, k in [(96, 64), (1280, 1024), (37, 200), (1024, 4096)]:
         w = torch.randn(n, k, generator=gen) / k**0.5
-        x = torch.randn(1, 1, k, generator=gen)
-        got = gemv.launch(x.reshape(-1), w).view(1, 1, n)
-        torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    # bf16: the product within bf16 rounding of F.linear's in fp32
+        x = torch.randn(1, 1, k, generator=gen) * 3
+        norm = torch.rand(k, generator=gen) + 0.5
+        gate_up = torch.randn(1, 1, 2 * k, generator=gen)
+        res = torch.randn(1, 1, n, generator=gen)
+        for config in (None, (4, 2, 4), (1, 4, 2)):
+            cases = [
+                (x, {}),
+                (x, {"norm_weight": norm, "eps": 1e-5}),
+                (x, {"residual": res}),
+                (gate_up, {"swiglu": True, "residual": res}),
+            ]
+            for inp, kw in cases:
+                got = gemv.launch(
+                    inp.reshape(-1), w, kw.get("norm_weight"), None if "residual" not in kw else kw["residual"].reshape(-1),
+                    kw.get("eps", 0.0), kw.get("swiglu", False), config=config,
+                ).view(1, 1, n)
+                torch.testing.assert_close(got, gemv.reference(inp, w, **kw), rtol=1e-5, atol=1e-5, msg=lambda m: f"{n}x{k} {config} {sorted(kw)}: {m}")
+    # bf16: within bf16 rounding of the fp32 chain on the same values, the fused ops rounding as the eager ones do
     w = (torch.randn(64, 128, generator=gen) / 12).bfloat16()
     x = torch.randn(1, 128, generator=gen).bfloat16()
-    want = F.linear(x.float(), w.float())
-    got = gemv.launch(x.reshape(-1), w).float()
-    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    norm = (torch.rand(128, generator=gen) + 0.5).bfloat16()
+    res = torch.randn(1, 64, generator=gen).bfloat16()
+    for kw in ({}, {"norm_weight": norm, "eps": 1e-6, "residual": res}):
+        want = gemv.reference(x.float(), w.float(), **{a: (b.float() if torch.is_tensor(b) else b) for a, b in kw.items()})
+        got = gemv.launch(x.reshape(-1), w, kw.get("norm_weight"), None if "residual" not in kw else res.reshape(-1), kw.get("eps", 0.0)).float()
+        assert ((got - want.reshape(-1)).norm() / want.norm()).item() < 1e-2, kw
+    gate_up = torch.randn(1, 256, generator=gen).bfloat16()
+    want = gemv.reference(gate_up, w, swiglu=True).float()
+    got = gemv.launch(gate_up.reshape(-1), w, swiglu=True).float()
+    assert ((got - want.reshape(-1)).norm() / want.norm()).item() < 1e-2
 
     # outside a compiled region, or more than one row: the eager ops (and bitwise their results)
     x, w = torch.randn(2, 1, 64, generator=gen), torch.randn(32, 64, generator=gen)
     assert not gemv.applies(x[:1], w) and torch.equal(gemv.linear(x, w), F.linear(x, w))
+    assert torch.equal(gemv.linear(x, w, residual=x[..., :32]), x[..., :32] + F.linear(x, w))
 
     # a one-row decode step of the test model, its regions traced (the kernels as the custom op), against kernels off
     from tests.model.test_kv_cache import make_model, random_sequence

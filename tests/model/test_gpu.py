@@ -79,10 +79,17 @@ def test_compiled_step_equals_eager() -> None:
     assert (got == eager).float().mean() >= 0.95
 
 
-def test_tuned_one_row_step_equals_eager() -> None:
-    """The one-row bucket compiled with coordinate-descent tuning (its GEMVs as Triton reductions), in a CUDA graph,
-    fp32: a greedy row gives the eager frames, a sampled row nearly all of them."""
+@pytest.mark.parametrize("gemv_mode", ["off", "auto"])
+def test_tuned_one_row_step_equals_eager(gemv_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-row bucket compiled with coordinate-descent tuning (its GEMVs as Triton reductions, or with
+    model.gemv's fused kernels), in a CUDA graph, fp32: a greedy row gives the eager frames, a sampled row nearly
+    all of them."""
+    from model import compiled_regions, gemv
+
+    monkeypatch.setattr(gemv, "MODE", gemv_mode)
+    compiled_regions.reset()
     model = cuda_model("gqa_fast_project", torch.float32)
+    model.fuse_feed_forward()
     for row in (0, 1):  # greedy, then sampled
         steppers = [
             DecodeStepper(model, 2, max_seq_len=128, length_buckets=[64]),
@@ -576,17 +583,23 @@ def test_small_sort_equals_cudas_torch_sort(dtype: torch.dtype) -> None:
 
 @torch.inference_mode()
 def test_one_row_gemv_kernels_at_full_size_bf16() -> None:
-    """model.gemv's kernel at the DualAR's block shapes in bf16 against F.linear in fp32 on the same values: as close
-    as cuBLAS's bf16 product is."""
-    import torch.nn.functional as F
-
+    """model.gemv's kernels at the DualAR's one-row products (norm, SwiGLU and residual fused as the block calls
+    them) in bf16, with the rule of thumb's config and a split-K one, against the same chain in fp32 on the same
+    values: as close as the eager bf16 chain (cuBLAS) is."""
     from model import gemv
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for n, k in [(1280, 1024), (1024, 1024), (8192, 1024), (1024, 4096)]:
+    f = lambda t: None if t is None else t.float()  # noqa: E731
+    for n, k, fused, res in [(1280, 1024, "norm", False), (1024, 1024, "plain", True), (8192, 1024, "norm", False),
+                             (1024, 4096, "swiglu", True), (1024, 1024, "norm", False)]:  # fmt: skip
         w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
-        x = torch.randn(k, device="cuda", generator=gen).bfloat16()
-        exact = F.linear(x.float(), w.float())
-        err = ((gemv.launch(x, w).float() - exact).norm() / exact.norm()).item()
-        cublas_err = ((F.linear(x, w).float() - exact).norm() / exact.norm()).item()
-        assert err <= max(1.5 * cublas_err, 4e-3), (n, k, err, cublas_err)
+        x = torch.randn(2 * k if fused == "swiglu" else k, device="cuda", generator=gen).bfloat16()
+        norm = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16() if fused == "norm" else None
+        residual = torch.randn(n, device="cuda", generator=gen).bfloat16() if res else None
+        swiglu = fused == "swiglu"
+        exact = gemv.reference(x.float(), w.float(), f(norm), 1e-6, swiglu, f(residual))
+        eager_err = ((gemv.reference(x, w, norm, 1e-6, swiglu, residual).float() - exact).norm() / exact.norm()).item()
+        for config in (None, (4, 2, 4)):
+            got = gemv.launch(x, w, norm, residual, 1e-6, swiglu, config=config).float()
+            err = ((got - exact).norm() / exact.norm()).item()
+            assert err <= max(1.5 * eager_err, 4e-3), (n, k, fused, config, err, eager_err)
