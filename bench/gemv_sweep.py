@@ -34,12 +34,13 @@ class Product:
     k: int
     fused: str  # "plain", "norm" or "swiglu"
     residual: bool
+    rope_rows: int = 0  # outputs rotated in heads of 64 (wqkv's query and key heads)
 
 
 PRODUCTS = {
     p.name: p
     for p in (
-        Product("wqkv", 1280, 1024, "norm", False),
+        Product("wqkv", 1280, 1024, "norm", False, rope_rows=1152),
         Product("wo", 1024, 1024, "plain", True),
         Product("w13", 8192, 1024, "norm", False),
         Product("w2", 1024, 4096, "swiglu", True),
@@ -75,15 +76,17 @@ def inputs(p: Product, copies: int, gen: torch.Generator) -> dict[str, Any]:
         "x": torch.randn(width, device=dev, generator=gen).to(bf),
         "norm": (torch.rand(p.k, device=dev, generator=gen) + 0.5).to(bf) if p.fused == "norm" else None,
         "residual": torch.randn(p.n, device=dev, generator=gen).to(bf) if p.residual else None,
+        "rope": torch.rand(64, device=dev, generator=gen) if p.rope_rows else None,  # (cos, sin) stand-ins
     }
 
 
 def check(p: Product, io: dict[str, Any], config: tuple[int, int, int] | None) -> float:
     """Relative error of the kernel against gemv.reference in fp32 on the same bf16 values."""
     w = io["weights"][0]
-    got = gemv.launch(io["x"], w, io["norm"], io["residual"], 1e-6, p.fused == "swiglu", config=config).float()
+    swiglu, rope = p.fused == "swiglu", io["rope"]
+    got = gemv.launch(io["x"], w, io["norm"], io["residual"], 1e-6, swiglu, config, rope, p.rope_rows).float()
     f = lambda t: None if t is None else t.float()  # noqa: E731
-    want = gemv.reference(io["x"].float(), w.float(), f(io["norm"]), 1e-6, p.fused == "swiglu", f(io["residual"]))
+    want = gemv.reference(io["x"].float(), w.float(), f(io["norm"]), 1e-6, swiglu, f(io["residual"]), rope, p.rope_rows)
     return ((got - want).norm() / want.norm()).item()
 
 
@@ -92,7 +95,9 @@ def time_us(p: Product, io: dict[str, Any], config: tuple[int, int, int] | None,
 
     def run() -> None:
         for w in io["weights"]:
-            gemv.launch(io["x"], w, io["norm"], io["residual"], 1e-6, p.fused == "swiglu", config=config)
+            gemv.launch(
+                io["x"], w, io["norm"], io["residual"], 1e-6, p.fused == "swiglu", config, io["rope"], p.rope_rows
+            )
 
     run()  # compile
     torch.cuda.synchronize()

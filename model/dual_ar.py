@@ -104,6 +104,27 @@ class DualARTransformer(nn.Module):
             if isinstance(module, Attention):
                 module.length_attention = enabled
 
+    def one_row_products(self) -> set[gemv.Product]:
+        """The products a one-row decode step runs through model.gemv's kernels (TransformerBlock._one_row, the
+        heads up to gemv.MAX_HEAD_ROWS outputs): what gemv.self_check checks. Needs fuse_feed_forward."""
+        out: set[gemv.Product] = set()
+
+        def add(weight: torch.Tensor, fused: str, residual: bool = False, rope_rows: int = 0, head_dim: int = 0):
+            out.add(gemv.Product(int(weight.shape[0]), int(weight.shape[1]), fused, residual, rope_rows, head_dim))
+
+        for module in self.modules():
+            if isinstance(module, TransformerBlock) and module.feed_forward.w13 is not None:
+                a = module.attention
+                add(a.wqkv.weight, "norm", rope_rows=a.dim + a.n_local_heads * a.head_dim, head_dim=a.head_dim)
+                add(a.wo.weight, "plain", residual=True)
+                add(module.feed_forward.w13, "norm")
+                add(module.feed_forward.w2.weight, "swiglu", residual=True)
+        token_head = self.embeddings.weight if self.output is None else self.output.weight
+        for head in (self.fast_output.weight, token_head):
+            if head.shape[0] <= gemv.MAX_HEAD_ROWS:
+                add(head, "norm")
+        return out
+
     def fuse_feed_forward(self) -> None:
         """One matmul for each layer's w1 and w3 (see layers.FeedForward.fuse); for inference after loading."""
         for module in self.modules():

@@ -8,7 +8,8 @@ BLOCK_N outputs, with, as asked:
 - an RMSNorm of the input in front (`norm_weight`): every program normalises the whole input row itself (a few KB
   from L2), so the norm needs no kernel of its own;
 - SwiGLU in front (`swiglu`): the input is [gate | up] and the product is with silu(gate) · up (w2 after w1/w3);
-- a residual added behind (`residual`).
+- a residual added behind (`residual`);
+- RoPE behind (`rope`): the query and key heads of wqkv's output rotated for the row's position.
 Every fused op rounds where the eager op does (the norm's fp32 result to the model dtype, then its scale; silu, then
 the product with up; the product before the residual add), so the result differs from the eager chain only by the
 GEMV's summation order. Launch configs per weight shape come from `bench/gemv_sweep.py` on the H200 (CONFIGS);
@@ -22,9 +23,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .rope import apply_rope
 
 try:
     import triton
@@ -34,17 +38,24 @@ try:
 except ImportError:  # the CPU wheels of torch ship without Triton
     AVAILABLE = False
 
-# "auto": one-row products inside compiled regions on CUDA by these kernels; "off" (the default): F.linear and the
-# separate norms, which inductor turns into its tuned reductions. Run 25 measured plain kernels (no fusions, one
-# config rule for every shape) slower in the whole step for the large products (w1/w3 7.9 against 6.1 µs, w2 7.2
-# against 5.3 µs) and faster for wo (2.4 against 3.9 µs).
-MODE = "off"
+# "auto" (the default): one-row products inside compiled regions on CUDA by these kernels; "off": F.linear and the
+# separate norms, which inductor turns into its tuned reductions. H200 run 26, the tuned one-row step: 1.789 ms with
+# the kernels against 2.377 ms without in the same run (602 against 722 kernels). Run 25 had measured plain kernels
+# (no fusions, one config rule for every shape) slower for the large products.
+MODE = "auto"
 MAX_TILE = 32768  # weight elements one program may hold (BLOCK_N × the chunk length × K_CHUNKS)
 MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 4.3 TB/s already) stay with inductor
 MIN_PROGRAMS = 2 * 132  # the rule of thumb: at least two programs per SM of an H200 where the rows allow
 # (n, k, fused input) → (BLOCK_N, K_CHUNKS, num_warps); fused input: "plain", "norm" or "swiglu" (k = the product's
-# inner size, half the swiglu input). Filled from bench/gemv_sweep.py's H200 results.
-CONFIGS: dict[tuple[int, int, str], tuple[int, int, int]] = {}
+# inner size, half the swiglu input). The full-size Fish 1.5 DualAR's products, best of bench/gemv_sweep.py's grid
+# on the H200 (run 26 call 1; µs a launch in a graph of cold weights, the rule of thumb's in brackets).
+CONFIGS: dict[tuple[int, int, str], tuple[int, int, int]] = {
+    (1280, 1024, "norm"): (2, 1, 4),  # wqkv: 2.68 µs (3.22)
+    (1024, 1024, "plain"): (2, 1, 4),  # wo, + residual: 2.64 µs (2.92)
+    (8192, 1024, "norm"): (32, 4, 16),  # w1/w3: 6.81 µs (8.89)
+    (1024, 4096, "swiglu"): (2, 1, 16),  # w2, + residual: 4.55 µs (7.90)
+    (1024, 1024, "norm"): (2, 1, 4),  # codebook head: 2.88 µs (3.48)
+}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once: `applies` runs while dynamo traces
 
 
@@ -71,14 +82,20 @@ def linear(
     eps: float = 0.0,
     swiglu: bool = False,
     residual: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None,
+    rope_rows: int = 0,
 ) -> torch.Tensor:
     """residual + F.linear(prologue(x), weight) for x (..., K) holding one row, where prologue is
-    rms_norm(x)·norm_weight (norm_weight given), silu(gate)·up (swiglu) or nothing; the kernel where `applies`, else
-    the eager ops (`reference`)."""
+    rms_norm(x)·norm_weight (norm_weight given), silu(gate)·up (swiglu) or nothing, and with `rope` (the row's
+    (head_dim/2, 2) cos/sin table) the first rope_rows outputs rotated as rope.apply_rope rotates heads; the kernel
+    where `applies`, else the eager ops (`reference`)."""
     if not applies(x, weight, swiglu):
-        return reference(x, weight, norm_weight, eps, swiglu, residual)
+        return reference(x, weight, norm_weight, eps, swiglu, residual, rope, rope_rows)
     flat_residual = None if residual is None else residual.reshape(-1)
-    out = torch.ops.fishgate.one_row_gemv(x.reshape(-1), weight, norm_weight, flat_residual, eps, swiglu)
+    flat_rope = None if rope is None else rope.reshape(-1)
+    out = torch.ops.fishgate.one_row_gemv(
+        x.reshape(-1), weight, norm_weight, flat_residual, eps, swiglu, flat_rope, rope_rows
+    )
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -89,14 +106,22 @@ def reference(
     eps: float = 0.0,
     swiglu: bool = False,
     residual: torch.Tensor | None = None,
+    rope: torch.Tensor | None = None,
+    rope_rows: int = 0,
 ) -> torch.Tensor:
-    """The eager ops the kernel replaces (layers.RMSNorm's, FeedForward's and the block's order and roundings)."""
+    """The eager ops the kernel replaces (layers.RMSNorm's, FeedForward's, the block's and rope.apply_rope's order
+    and roundings)."""
     if norm_weight is not None:
         x = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).type_as(x) * norm_weight
     if swiglu:
         gate, up = x.chunk(2, dim=-1)
         x = F.silu(gate) * up
     y = F.linear(x, weight)
+    if rope is not None:
+        head_dim = rope.numel()
+        heads = y[..., :rope_rows].reshape(*y.shape[:-1], rope_rows // head_dim, head_dim)  # (..., H, hd)
+        rotated = apply_rope(heads.reshape(1, 1, -1, head_dim), rope.reshape(1, head_dim // 2, 2))
+        y = torch.cat([rotated.reshape(*y.shape[:-1], rope_rows), y[..., rope_rows:]], dim=-1)
     return y if residual is None else residual + y
 
 
@@ -108,12 +133,14 @@ def _gemv_op(
     residual: torch.Tensor | None,
     eps: float,
     swiglu: bool,
+    rope: torch.Tensor | None,
+    rope_rows: int,
 ) -> torch.Tensor:
-    return launch(x, weight, norm_weight, residual, eps, swiglu)
+    return launch(x, weight, norm_weight, residual, eps, swiglu, rope=rope, rope_rows=rope_rows)
 
 
 @_gemv_op.register_fake
-def _(x, weight, norm_weight, residual, eps, swiglu):
+def _(x, weight, norm_weight, residual, eps, swiglu, rope, rope_rows):
     return torch.empty(weight.shape[0], dtype=x.dtype, device=x.device)
 
 
@@ -129,6 +156,46 @@ def config_for(n: int, k: int, fused: str) -> tuple[int, int, int]:
     k_pad = triton.next_power_of_2(k)
     block_n = max(1, min(MAX_TILE // 2 // k_pad, triton.next_power_of_2(max(1, n // MIN_PROGRAMS))))
     return block_n, 1, 4
+
+
+class Product(NamedTuple):
+    """One of a model's one-row products as the kernel runs it (what `self_check` checks)."""
+
+    n: int
+    k: int
+    fused: str  # fused input: "plain", "norm" or "swiglu"
+    residual: bool = False
+    rope_rows: int = 0  # outputs rotated (query and key heads), each head of head_dim
+    head_dim: int = 0
+
+
+def self_check(device: torch.device, dtype: torch.dtype, products: set[Product]) -> str | None:
+    """Run the kernel once on this device for each product, in its configured launch config, against `reference`
+    in fp32 on the same values: None when all agree to `dtype`'s rounding, else what went wrong (a compile or launch
+    error on an untested GPU, or wrong numbers). The engine runs it before choosing the kernels by default (MODE)."""
+    gen = torch.Generator().manual_seed(0)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    f = lambda t: None if t is None else t.float()  # noqa: E731
+    try:
+        for p in sorted(products):
+            w = (torch.randn(p.n, p.k, generator=gen) / p.k**0.5).to(device, dtype)
+            x = torch.randn(2 * p.k if p.fused == "swiglu" else p.k, generator=gen).to(device, dtype)
+            norm = (torch.rand(p.k, generator=gen) + 0.5).to(device, dtype) if p.fused == "norm" else None
+            residual = torch.randn(p.n, generator=gen).to(device, dtype) if p.residual else None
+            rope = None
+            if p.rope_rows:
+                angles = torch.rand(p.head_dim // 2, generator=gen) * 6
+                rope = torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(-1).to(device)
+            swiglu = p.fused == "swiglu"
+            got = launch(x, w, norm, residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
+            want = reference(x.float(), w.float(), f(norm), 1e-6, swiglu, f(residual), rope, p.rope_rows)
+            err = float((got - want).norm() / want.norm())
+            if not err <= tolerance:  # a NaN fails too
+                return f"relative error {err:.2g} against the eager ops for the {p.n} x {p.k} {p.fused} product"
+    except Exception as e:  # whatever failed (Triton's compiler, the launch), the answer is: not here
+        first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        return f"{type(e).__name__}: {first_line}"
+    return None
 
 
 def load_configs(path: str) -> int:
@@ -150,21 +217,28 @@ def launch(
     eps: float = 0.0,
     swiglu: bool = False,
     config: tuple[int, int, int] | None = None,
+    rope: torch.Tensor | None = None,
+    rope_rows: int = 0,
 ) -> torch.Tensor:
-    """The kernel on a flat row x (K,), or (2K,) with swiglu: weight (N, K) → (N,)."""
+    """The kernel on a flat row x (K,), or (2K,) with swiglu: weight (N, K) → (N,); rope: (head_dim,) fp32 cos/sin
+    pairs rotating the first rope_rows outputs (whole heads; a program then holds at least one pair)."""
     n, k = weight.shape
     assert x.numel() == k * (2 if swiglu else 1) and x.stride(-1) == 1 and weight.stride(-1) == 1
     assert not (swiglu and norm_weight is not None)
     assert norm_weight is None or norm_weight.numel() == k
     assert residual is None or residual.numel() == n
+    assert rope is None or (rope.numel() % 2 == 0 and rope_rows % rope.numel() == 0 and rope.stride(-1) == 1)
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, k_chunks, num_warps = config or config_for(n, k, fused_input(norm_weight, swiglu))
+    if rope is not None:
+        block_n = max(2, block_n)
     block_k = max(16, triton.next_power_of_2(triton.cdiv(k, k_chunks)))
     prologue = 2 if swiglu else 0 if norm_weight is None else 1
     _gemv[(triton.cdiv(n, block_n),)](
         x, weight, out, x if norm_weight is None else norm_weight, x if residual is None else residual,
-        n, k, weight.stride(0), eps,
-        PROLOGUE=prologue, RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        x if rope is None else rope, n, k, weight.stride(0), eps, rope_rows,
+        PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=rope is not None,
+        HALF_HEAD=1 if rope is None else rope.numel() // 2, BLOCK_N=block_n, BLOCK_K=block_k,
         K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), num_warps=num_warps,
     )  # fmt: skip
     return out
@@ -193,9 +267,9 @@ if AVAILABLE:
 
     @triton.jit
     def _gemv(
-        x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, n, k, sw_n, eps,
-        PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr,
+        x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, rope_ptr, n, k, sw_n, eps, rope_rows,
+        PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr, HALF_HEAD: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         live_n = rows < n
@@ -212,6 +286,13 @@ if AVAILABLE:
             w = tl.load(w_ptr + rows[:, None] * sw_n + cols[None, :], mask=w_mask, other=0.0)
             acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
         y = acc.to(out_ptr.dtype.element_ty)
+        if ROPE:  # rotate (even, odd) output pairs by their head position's (cos, sin), in fp32 from the rounded y
+            even, odd = tl.split(tl.reshape(y.to(tl.float32), (BLOCK_N // 2, 2)))
+            pair = (tl.program_id(0) * BLOCK_N) // 2 + tl.arange(0, BLOCK_N // 2)
+            cos = tl.load(rope_ptr + 2 * (pair % HALF_HEAD))
+            sin = tl.load(rope_ptr + 2 * (pair % HALF_HEAD) + 1)
+            rotated = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_N,))
+            y = tl.where(rows < rope_rows, rotated.to(out_ptr.dtype.element_ty), y)
         if RESIDUAL:
             r = tl.load(res_ptr + rows, mask=live_n, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)

@@ -138,13 +138,15 @@ class Attention(nn.Module):
         v_cache: torch.Tensor | None = None,
         input_pos: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        rotated: bool = False,
     ) -> torch.Tensor:
-        """Everything between the two projections: RoPE, the cache writes, attention → (B, T, dim)."""
+        """Everything between the two projections: RoPE (unless `rotated`: qkv's query and key heads come rotated),
+        the cache writes, attention → (B, T, dim)."""
         bsz, seqlen, _ = qkv.shape
         kv_size = self.n_local_heads * self.head_dim
         # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
         qk = qkv[..., : self.dim + kv_size].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
-        q, k = apply_rope(qk, freqs).split([self.n_head, self.n_local_heads], dim=2)  # (B, T, H|Hkv, hd)
+        q, k = (qk if rotated else apply_rope(qk, freqs)).split([self.n_head, self.n_local_heads], dim=2)
         v = qkv[..., self.dim + kv_size :].view(bsz, seqlen, self.n_local_heads, self.head_dim)
 
         group = self.n_head // self.n_local_heads
@@ -267,13 +269,14 @@ class TransformerBlock(nn.Module):
         input_pos: torch.Tensor | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """forward for one row as four model.gemv kernels around the attention: the two norms and the residual adds
-        ride on the products (no kernels of their own), SwiGLU on w2's."""
+        """forward for one row as four model.gemv kernels around the attention: the two norms, RoPE and the residual
+        adds ride on the products (no kernels of their own), SwiGLU on w2's."""
         attention, ff = self.attention, self.feed_forward
         assert ff.w13 is not None
         norm1, norm2 = self.attention_norm, self.ffn_norm
-        qkv = gemv.linear(x, attention.wqkv.weight, norm1.weight, norm1.eps)
-        y = attention.attend(qkv, freqs, k_cache, v_cache, input_pos, mask)
+        rope_rows = attention.dim + attention.n_local_heads * attention.head_dim  # the query and key heads
+        qkv = gemv.linear(x, attention.wqkv.weight, norm1.weight, norm1.eps, rope=freqs, rope_rows=rope_rows)
+        y = attention.attend(qkv, freqs, k_cache, v_cache, input_pos, mask, rotated=True)
         h = gemv.linear(y, attention.wo.weight, residual=x)
         gate_up = gemv.linear(h, ff.w13, norm2.weight, norm2.eps)
         return gemv.linear(gate_up, ff.w2.weight, swiglu=True, residual=h)

@@ -81,6 +81,14 @@ class Settings:
                   "step at 384 rows 12.1 -> 9.3 ms; 300 streams' p95 first audio 323-1,370 -> 235-403 ms). auto = "
                   "on for a CUDA GPU with Triton unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
+    gemv_kernels: str = field(
+        default="auto",
+        metadata={"help": "auto | on | off: the compiled one-row decode step's matrix-vector products through Triton "
+                  "kernels with the RMSNorms, SwiGLU and residual adds fused in (and the codebook head's), instead "
+                  "of inductor's reductions (H200 run 26: batch-1 step 2.38 -> 1.79 ms). Used where the one-row "
+                  "step is compiled (--compile-max-batch >= 1). auto = on for a CUDA GPU with Triton whose kernels "
+                  "pass a self-check at start-up, unless batch-invariant; on refuses to start elsewhere"},
+    )  # fmt: skip
     vocoder_overlap: str = field(
         default="auto",
         metadata={"help": "auto | on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill "

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import compiled_regions, decode_attention
+from model import compiled_regions, decode_attention, gemv
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
@@ -114,6 +114,11 @@ class BackendConfig:
     # graphs, while prefill keeps GPU_LENGTH_BUCKETS. None = on for CUDA-graph engines where the kernel runs, unless
     # batch-invariant (H200 run 19: step at 384 rows 12.1 -> 9.3 ms, 256 rows 9.0 -> 7.3; docs/BENCHMARKS.md)
     length_attention: bool | None = None
+    # the one-row decode step's products (with the norms, SwiGLU and residual adds fused in) and the codebook head
+    # by model.gemv's Triton kernels instead of inductor's reductions (compiled one-row regions on CUDA only; not
+    # batch-invariant engines). None = on where the kernels run and pass their self-check (H200 run 26: batch-1 step
+    # 2.377 → 1.789 ms in the same run, docs/BENCHMARKS.md)
+    gemv_kernels: bool | None = None
     # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
     # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
     # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
@@ -257,6 +262,7 @@ class Backend:
             (COMPILE_MAX_BATCH_AUTO if graphs else 0) if config.compile_max_batch is None else config.compile_max_batch
         )
         self.compile_vocoder = config.compile_vocoder and graphs
+        self._choose_gemv_kernels(config, invariant, dtype)
         if config.compile_vocoder and not graphs:
             log.info("--compile-vocoder applies to CUDA-graph vocoders only; this %s vocoder runs eagerly", self.device)
         if (self.compile_max_batch > 0 or self.compile_vocoder) and config.compile_cache_dir is not None:
@@ -402,6 +408,28 @@ class Backend:
         the stepper runs either through its bucketed static passes (model.prefill_graphs) where the prompts fit."""
         with self.device_times.span("prefill"):
             return self._prefill_many(rows, prompts, start_positions)
+
+    def _choose_gemv_kernels(self, config: BackendConfig, invariant: bool, dtype: torch.dtype) -> None:
+        """model.gemv's kernels for the compiled one-row step (gemv.MODE, process-wide: one engine a process), where
+        they run: on by default for a compiling CUDA engine (not batch-invariant) whose GPU passes their self-check
+        at the model's product shapes; `on` refuses to start elsewhere or when the check fails."""
+        runs = not invariant and self.device.type == "cuda" and gemv.AVAILABLE
+        if config.gemv_kernels and not runs:
+            raise ValueError(
+                "--gemv-kernels on needs a CUDA GPU with Triton and no batch-invariant mode; use auto or off"
+            )
+        auto = config.gemv_kernels is None and self.compile_max_batch > 0
+        self.gemv_kernels = runs and bool(config.gemv_kernels or auto)
+        if self.gemv_kernels:
+            t_check = time.perf_counter()
+            problem = gemv.self_check(self.device, dtype, self.model.one_row_products())
+            if problem is not None and config.gemv_kernels:
+                raise ValueError(f"--gemv-kernels on: the kernels' self-check failed ({problem}); use auto or off")
+            if problem is not None:  # the default must never be what stops a start
+                log.warning("the one-row GEMV kernels are off on this GPU (their self-check: %s)", problem)
+                self.gemv_kernels = False
+            self.timings_s["gemv_kernel_check"] = time.perf_counter() - t_check
+        gemv.MODE = "auto" if self.gemv_kernels else "off"
 
     def _prefill_many(
         self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]

@@ -23,7 +23,7 @@ CHECK = textwrap.dedent(
     gen = torch.Generator().manual_seed(0)
     # every fused form against the eager ops it replaces (gemv.reference), fp32, sizes that are no powers of two,
     # with the rule of thumb's config and with configs that split K into unrolled pieces
-    for n, k in [(96, 64), (1280, 1024), (37, 200), (1024, 4096)]:
+    for n, k in [(96, 64), (160, 1024), (37, 200), (48, 4096)]:
         w = torch.randn(n, k, generator=gen) / k**0.5
         x = torch.randn(1, 1, k, generator=gen) * 3
         norm = torch.rand(k, generator=gen) + 0.5
@@ -36,10 +36,16 @@ CHECK = textwrap.dedent(
                 (x, {"residual": res}),
                 (gate_up, {"swiglu": True, "residual": res}),
             ]
+            if k % 64 == 0 and n % 32 == 0:  # heads of 16 (96 = 6) and 32 (160 = 5) rows: some of them rotated
+                head = 16 if n == 96 else 32
+                angles = torch.rand(head // 2, generator=gen) * 6
+                table = torch.stack([angles.cos(), angles.sin()], dim=-1)  # (hd/2, 2)
+                cases.append((x, {"norm_weight": norm, "eps": 1e-5, "rope": table, "rope_rows": n - 2 * head}))
             for inp, kw in cases:
                 got = gemv.launch(
                     inp.reshape(-1), w, kw.get("norm_weight"), None if "residual" not in kw else kw["residual"].reshape(-1),
                     kw.get("eps", 0.0), kw.get("swiglu", False), config=config,
+                    rope=None if "rope" not in kw else kw["rope"].reshape(-1), rope_rows=kw.get("rope_rows", 0),
                 ).view(1, 1, n)
                 torch.testing.assert_close(got, gemv.reference(inp, w, **kw), rtol=1e-5, atol=1e-5, msg=lambda m: f"{n}x{k} {config} {sorted(kw)}: {m}")
     # bf16: within bf16 rounding of the fp32 chain on the same values, the fused ops rounding as the eager ones do
@@ -87,6 +93,18 @@ CHECK = textwrap.dedent(
     assert compiled_regions.failed_regions() == []
     for a, b in zip(outs["off"], outs["auto"]):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+    # the start-up self-check at the model's products: passes here, and names the product a broken kernel gets wrong
+    products = model.one_row_products()
+    assert {p.fused for p in products} == {"norm", "plain", "swiglu"} and len(products) >= 5, products
+    assert any(p.rope_rows for p in products)
+    assert gemv.self_check(torch.device("cpu"), torch.float32, products) is None
+    real = gemv.launch
+    gemv.launch = lambda x, w, *args, **kw: real(x, w, *args, **kw) * 1.01
+    problem = gemv.self_check(torch.device("cpu"), torch.float32, products)
+    assert problem is not None and problem.startswith("relative error"), problem
+    gemv.launch = lambda *args, **kw: 1 / 0
+    assert gemv.self_check(torch.device("cpu"), torch.float32, products) == "ZeroDivisionError: division by zero"
     print("ok")
     """
 )

@@ -39,6 +39,18 @@ def test_length_attention_is_refused_where_its_kernel_cannot_run() -> None:
         Backend(BackendConfig(max_sessions=2, length_attention=True))
 
 
+def test_gemv_kernels_are_refused_where_they_cannot_run() -> None:
+    """model.gemv's one-row kernels are CUDA kernels: on CPU the backend refuses `on` at start-up, naming the fix, and
+    by default (auto) and with them off the process runs the eager products (gemv.MODE "off")."""
+    from model import gemv
+
+    for choice in (None, False):
+        backend = Backend(BackendConfig(max_sessions=2, gemv_kernels=choice))
+        assert backend.gemv_kernels is False and gemv.MODE == "off"
+    with pytest.raises(ValueError, match=r"--gemv-kernels on needs a CUDA GPU.*use auto or off"):
+        Backend(BackendConfig(max_sessions=2, gemv_kernels=True))
+
+
 def test_prefill_max_rows_sets_the_static_passes_row_buckets() -> None:
     """--prefill-max-rows reaches the static prefill passes (on CPU they run eagerly when asked for); 4 by default."""
     default = Backend(BackendConfig(max_sessions=8, graph_prefill=True))
