@@ -99,6 +99,26 @@ def linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def attention_input(
+    x: torch.Tensor,
+    wqkv: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    rope: torch.Tensor,
+    rope_rows: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_pos: torch.Tensor,
+) -> torch.Tensor:
+    """wqkv's product for one row with its RMSNorm, the query and key heads rotated, and the keys and values written
+    into k_cache / v_cache (1, kv heads, L, head_dim) at position cache_pos (one element): one kernel for what
+    `linear` then Attention.attend's RoPE and cache writes do. Only where `applies` (the caller checks)."""
+    out = torch.ops.fishgate.one_row_attention_input(
+        x.reshape(-1), wqkv, norm_weight, eps, rope.reshape(-1), rope_rows, k_cache, v_cache, cache_pos.reshape(-1)
+    )
+    return out.view(*x.shape[:-1], wqkv.shape[0])
+
+
 def reference(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -144,6 +164,27 @@ def _(x, weight, norm_weight, residual, eps, swiglu, rope, rope_rows):
     return torch.empty(weight.shape[0], dtype=x.dtype, device=x.device)
 
 
+@torch.library.custom_op("fishgate::one_row_attention_input", mutates_args=("k_cache", "v_cache"))
+def _attention_input_op(
+    x: torch.Tensor,
+    wqkv: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    rope: torch.Tensor,
+    rope_rows: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_pos: torch.Tensor,
+) -> torch.Tensor:
+    return launch(x, wqkv, norm_weight, None, eps, rope=rope, rope_rows=rope_rows, k_cache=k_cache, v_cache=v_cache,
+                  cache_pos=cache_pos)  # fmt: skip
+
+
+@_attention_input_op.register_fake
+def _(x, wqkv, norm_weight, eps, rope, rope_rows, k_cache, v_cache, cache_pos):
+    return torch.empty(wqkv.shape[0], dtype=x.dtype, device=x.device)
+
+
 def fused_input(norm_weight: torch.Tensor | None, swiglu: bool) -> str:
     return "swiglu" if swiglu else "plain" if norm_weight is None else "norm"
 
@@ -187,8 +228,21 @@ def self_check(device: torch.device, dtype: torch.dtype, products: set[Product])
                 angles = torch.rand(p.head_dim // 2, generator=gen) * 6
                 rope = torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(-1).to(device)
             swiglu = p.fused == "swiglu"
-            got = launch(x, w, norm, residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
             want = reference(x.float(), w.float(), f(norm), 1e-6, swiglu, f(residual), rope, p.rope_rows)
+            got = launch(x, w, norm, residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
+            if rope is not None:  # and wqkv's keys and values written into caches at position 5 of 8
+                kv_heads = (p.n - p.rope_rows) // p.head_dim
+                caches = [torch.zeros(1, kv_heads, 8, p.head_dim, device=device, dtype=dtype) for _ in range(2)]
+                pos = torch.tensor([5], device=device)
+                got_cached = launch(x, w, norm, None, 1e-6, rope=rope, rope_rows=p.rope_rows, k_cache=caches[0],
+                                    v_cache=caches[1], cache_pos=pos).float()  # fmt: skip
+                written = torch.cat([c[0, :, 5].reshape(-1) for c in caches]).float()
+                if not torch.equal(got_cached, got) or caches[0].count_nonzero() + caches[1].count_nonzero() > (
+                    2 * kv_heads * p.head_dim
+                ):
+                    return f"the cache-writing {p.n} x {p.k} product differs from the plain one or wrote elsewhere"
+                got = torch.cat([got, written])
+                want = torch.cat([want, want[p.rope_rows - (p.n - p.rope_rows) :]])
             err = float((got - want).norm() / want.norm())
             if not err <= tolerance:  # a NaN fails too
                 return f"relative error {err:.2g} against the eager ops for the {p.n} x {p.k} {p.fused} product"
@@ -219,15 +273,26 @@ def launch(
     config: tuple[int, int, int] | None = None,
     rope: torch.Tensor | None = None,
     rope_rows: int = 0,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    cache_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel on a flat row x (K,), or (2K,) with swiglu: weight (N, K) → (N,); rope: (head_dim,) fp32 cos/sin
-    pairs rotating the first rope_rows outputs (whole heads; a program then holds at least one pair)."""
+    pairs rotating the first rope_rows outputs (whole heads; a program then holds at least one pair). With the
+    caches (and rope), the outputs are wqkv's [queries | keys | values]: the N - rope_rows values and as many keys
+    before them are also written into k_cache / v_cache (1, kv heads, L, head_dim) at position cache_pos[0]."""
     n, k = weight.shape
     assert x.numel() == k * (2 if swiglu else 1) and x.stride(-1) == 1 and weight.stride(-1) == 1
     assert not (swiglu and norm_weight is not None)
     assert norm_weight is None or norm_weight.numel() == k
     assert residual is None or residual.numel() == n
     assert rope is None or (rope.numel() % 2 == 0 and rope_rows % rope.numel() == 0 and rope.stride(-1) == 1)
+    cached = k_cache is not None and v_cache is not None and cache_pos is not None
+    if cached:
+        assert rope is not None and k_cache is not None and v_cache is not None  # (for mypy)
+        assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and k_cache.shape[0] == 1 == v_cache.shape[0]
+        assert k_cache.shape[1] * k_cache.shape[3] == n - rope_rows == v_cache.shape[1] * v_cache.shape[3]
+        assert k_cache.shape[3] == rope.numel()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, k_chunks, num_warps = config or config_for(n, k, fused_input(norm_weight, swiglu))
     if rope is not None:
@@ -237,7 +302,10 @@ def launch(
     _gemv[(triton.cdiv(n, block_n),)](
         x, weight, out, x if norm_weight is None else norm_weight, x if residual is None else residual,
         x if rope is None else rope, n, k, weight.stride(0), eps, rope_rows,
-        PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=rope is not None,
+        k_cache if cached else x, v_cache if cached else x, cache_pos if cached else x,
+        k_cache.stride(1) if cached else 0, k_cache.stride(2) if cached else 0,  # type: ignore[union-attr]
+        v_cache.stride(1) if cached else 0, v_cache.stride(2) if cached else 0,  # type: ignore[union-attr]
+        PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=rope is not None, CACHE=cached,
         HALF_HEAD=1 if rope is None else rope.numel() // 2, BLOCK_N=block_n, BLOCK_K=block_k,
         K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), num_warps=num_warps,
     )  # fmt: skip
@@ -268,7 +336,9 @@ if AVAILABLE:
     @triton.jit
     def _gemv(
         x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, rope_ptr, n, k, sw_n, eps, rope_rows,
-        PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr, HALF_HEAD: tl.constexpr,
+        kc_ptr, vc_ptr, pos_ptr, skc_h, skc_l, svc_h, svc_l,
+        PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr, CACHE: tl.constexpr,
+        HALF_HEAD: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -293,6 +363,16 @@ if AVAILABLE:
             sin = tl.load(rope_ptr + 2 * (pair % HALF_HEAD) + 1)
             rotated = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_N,))
             y = tl.where(rows < rope_rows, rotated.to(out_ptr.dtype.element_ty), y)
+        if CACHE:  # the keys (rotated) and values at the row's position in the caches, as Attention.attend writes them
+            pos = tl.load(pos_ptr)
+            kv = n - rope_rows
+            key = rows - (rope_rows - kv)
+            is_key = (key >= 0) & (rows < rope_rows)
+            k_at = kc_ptr + (key // (2 * HALF_HEAD)) * skc_h + pos * skc_l + key % (2 * HALF_HEAD)
+            tl.store(k_at, y.to(kc_ptr.dtype.element_ty), mask=is_key)
+            value = rows - rope_rows
+            v_at = vc_ptr + (value // (2 * HALF_HEAD)) * svc_h + pos * svc_l + value % (2 * HALF_HEAD)
+            tl.store(v_at, y.to(vc_ptr.dtype.element_ty), mask=(value >= 0) & live_n)
         if RESIDUAL:
             r = tl.load(res_ptr + rows, mask=live_n, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)

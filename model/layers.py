@@ -139,9 +139,10 @@ class Attention(nn.Module):
         input_pos: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         rotated: bool = False,
+        cached: bool = False,
     ) -> torch.Tensor:
         """Everything between the two projections: RoPE (unless `rotated`: qkv's query and key heads come rotated),
-        the cache writes, attention → (B, T, dim)."""
+        the cache writes (unless `cached`: the caller wrote qkv's keys and values), attention → (B, T, dim)."""
         bsz, seqlen, _ = qkv.shape
         kv_size = self.n_local_heads * self.head_dim
         # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
@@ -159,9 +160,10 @@ class Attention(nn.Module):
             attn_mask: torch.Tensor | None = causal.repeat(group, 1)  # (G·T, T)
         else:
             assert input_pos is not None
-            rows = torch.arange(bsz, device=qkv.device).unsqueeze(1)  # (B, 1)
-            k_cache[rows, :, input_pos] = k.to(k_cache.dtype)  # indexes (B, T, Hkv, hd)
-            v_cache[rows, :, input_pos] = v.to(v_cache.dtype)
+            if not cached:
+                rows = torch.arange(bsz, device=qkv.device).unsqueeze(1)  # (B, 1)
+                k_cache[rows, :, input_pos] = k.to(k_cache.dtype)  # indexes (B, T, Hkv, hd)
+                v_cache[rows, :, input_pos] = v.to(v_cache.dtype)
             keys, values = k_cache, v_cache
             attn_mask = None
             if mask is not None:
@@ -269,14 +271,21 @@ class TransformerBlock(nn.Module):
         input_pos: torch.Tensor | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """forward for one row as four model.gemv kernels around the attention: the two norms, RoPE and the residual
-        adds ride on the products (no kernels of their own), SwiGLU on w2's."""
+        """forward for one row as four model.gemv kernels around the attention: the two norms, RoPE, the cache writes
+        and the residual adds ride on the products (no kernels of their own), SwiGLU on w2's."""
         attention, ff = self.attention, self.feed_forward
         assert ff.w13 is not None
         norm1, norm2 = self.attention_norm, self.ffn_norm
         rope_rows = attention.dim + attention.n_local_heads * attention.head_dim  # the query and key heads
-        qkv = gemv.linear(x, attention.wqkv.weight, norm1.weight, norm1.eps, rope=freqs, rope_rows=rope_rows)
-        y = attention.attend(qkv, freqs, k_cache, v_cache, input_pos, mask, rotated=True)
+        cached = k_cache is not None and v_cache is not None and input_pos is not None
+        if cached:  # the keys and values go into the caches from the same kernel
+            assert k_cache is not None and v_cache is not None and input_pos is not None
+            qkv = gemv.attention_input(
+                x, attention.wqkv.weight, norm1.weight, norm1.eps, freqs, rope_rows, k_cache, v_cache, input_pos
+            )
+        else:
+            qkv = gemv.linear(x, attention.wqkv.weight, norm1.weight, norm1.eps, rope=freqs, rope_rows=rope_rows)
+        y = attention.attend(qkv, freqs, k_cache, v_cache, input_pos, mask, rotated=True, cached=cached)
         h = gemv.linear(y, attention.wo.weight, residual=x)
         gate_up = gemv.linear(h, ff.w13, norm2.weight, norm2.eps)
         return gemv.linear(gate_up, ff.w2.weight, swiglu=True, residual=h)

@@ -48,6 +48,19 @@ CHECK = textwrap.dedent(
                     rope=None if "rope" not in kw else kw["rope"].reshape(-1), rope_rows=kw.get("rope_rows", 0),
                 ).view(1, 1, n)
                 torch.testing.assert_close(got, gemv.reference(inp, w, **kw), rtol=1e-5, atol=1e-5, msg=lambda m: f"{n}x{k} {config} {sorted(kw)}: {m}")
+    # wqkv's keys and values written into the caches by the same kernel: exactly the values it returns, at the
+    # position, nowhere else (2 kv heads of 16: n = 96 = 64 rotated + 32 values)
+    w, x, norm = torch.randn(96, 64, generator=gen), torch.randn(64, generator=gen), torch.rand(64, generator=gen)
+    angles = torch.rand(8, generator=gen) * 6
+    table = torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(-1)
+    big_k, big_v = torch.zeros(3, 2, 10, 16), torch.zeros(3, 2, 10, 16)
+    k_view, v_view = big_k[1:2], big_v[1:2]  # a slot's view, as the stepper passes
+    out = gemv.launch(x, w, norm, None, 1e-5, rope=table, rope_rows=64, k_cache=k_view, v_cache=v_view,
+                      cache_pos=torch.tensor([7]))  # fmt: skip
+    torch.testing.assert_close(out, gemv.reference(x, w, norm, 1e-5, rope=table, rope_rows=64), rtol=1e-5, atol=1e-5)
+    assert torch.equal(big_k[1, :, 7].reshape(-1), out[32:64]) and torch.equal(big_v[1, :, 7].reshape(-1), out[64:])
+    assert big_k.count_nonzero() <= 32 and big_v.count_nonzero() <= 32
+
     # bf16: within bf16 rounding of the fp32 chain on the same values, the fused ops rounding as the eager ones do
     w = (torch.randn(64, 128, generator=gen) / 12).bfloat16()
     x = torch.randn(1, 128, generator=gen).bfloat16()
@@ -74,10 +87,12 @@ CHECK = textwrap.dedent(
     model.fuse_feed_forward()
     frames = random_sequence(model, 1, seed=3)[:, 0].unsqueeze(0)
     outs = {}
+    caches = {}
     for mode in ("off", "auto"):
         gemv.MODE = mode
         compiled_regions.reset()
         cache = model.make_cache(n_slots=1)
+        caches[mode] = cache
         graphs = []
 
         def recording_backend(gm, example_inputs):
@@ -88,11 +103,15 @@ CHECK = textwrap.dedent(
             logits, hidden = model.decode_slow(frames, cache, torch.tensor([5]), 64)
             fast = model.fast_step(hidden, model.make_fast_cache(1), 0)
         outs[mode] = (logits, fast)
-        used = sum(g.count("one_row_gemv") for g in graphs)
+        used = sum(g.count("one_row_gemv") + g.count("one_row_attention_input") for g in graphs)
         assert (used > 0) == (mode == "auto"), (mode, used)
+        assert (sum(g.count("one_row_attention_input") for g in graphs) > 0) == (mode == "auto")
     assert compiled_regions.failed_regions() == []
     for a, b in zip(outs["off"], outs["auto"]):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    # the keys and values the kernel wrote are the ones the eager writes put there
+    for name in ("k", "v"):
+        torch.testing.assert_close(getattr(caches["auto"], name), getattr(caches["off"], name), rtol=1e-4, atol=1e-5)
 
     # the start-up self-check at the model's products: passes here, and names the product a broken kernel gets wrong
     products = model.one_row_products()
