@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# BATCHES (default 1): the buckets to time (the one-row one traced); run 26 call 5: 1,4,8 (gemv's few-row kernels).
 # Run 26: GEMV_SWEEP=<seconds> first measures model.gemv's launch configs (bench/gemv_sweep.py) and hands them to the
 # step variants (engine_tuned_gemv). Run 25: the tuned one-row decode step's kernels in launch order (grid, block, gaps) and inductor's generated code
 # for it (call 1 also timed the same step tuned with coordinate descent in every direction: VARIANTS=...), then the
@@ -18,8 +19,9 @@ if [ -n "${GEMV_SWEEP:-}" ]; then  # run 26: model.gemv's configs measured first
     | tee "$work/gemv_sweep.log" | tail -8
   [ -s "$work/gemv_sweep.json" ] && gemv_args=(--gemv-configs "$work/gemv_sweep.json")
 fi
-timeout "${STEP_TIMEOUT_S:-480}" python -m bench.step_variants --variants "$VARIANTS" --batches 1 --compile-batches 1 \
-  --trace-dir "$work/traces" --code-dir "$work/code" --out "$work/step.json" --budget-s 400 "${gemv_args[@]}" 2>&1 \
+timeout "${STEP_TIMEOUT_S:-480}" python -m bench.step_variants --variants "$VARIANTS" --batches "${BATCHES:-1}" \
+  --compile-batches "${BATCHES:-1}" --trace-dir "$work/traces" --code-dir "$work/code" --out "$work/step.json" \
+  --budget-s "${STEP_BUDGET_S:-400}" "${gemv_args[@]}" 2>&1 \
   | tee "$work/step.log" | grep -v "^ *\[" | tail -40
 if [ -n "${LARGE_VARIANTS:-}" ]; then  # static-compiled larger buckets (no tuning), one process per call
   timeout 300 python -m bench.step_variants --variants "$LARGE_VARIANTS" --batches "${LARGE_BATCHES:-64,256}" \

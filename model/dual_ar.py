@@ -105,7 +105,7 @@ class DualARTransformer(nn.Module):
                 module.length_attention = enabled
 
     def one_row_products(self) -> set[gemv.Product]:
-        """The products a one-row decode step runs through model.gemv's kernels (TransformerBlock._one_row, the
+        """The products a one-row decode step runs through model.gemv's kernels (TransformerBlock._few_rows, the
         heads up to gemv.MAX_HEAD_ROWS outputs): what gemv.self_check checks. Needs fuse_feed_forward."""
         out: set[gemv.Product] = set()
 

@@ -45,6 +45,7 @@ except ImportError:  # the CPU wheels of torch ship without Triton
 MODE = "auto"
 MAX_TILE = 32768  # weight elements one program may hold (BLOCK_N × the chunk length × K_CHUNKS)
 MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 4.3 TB/s already) stay with inductor
+MAX_ROWS = 8  # rows a product may have: each program reads its weight rows once and multiplies them by every row
 MIN_PROGRAMS = 2 * 132  # the rule of thumb: at least two programs per SM of an H200 where the rows allow
 # (n, k, fused input) → (BLOCK_N, K_CHUNKS, num_warps); fused input: "plain", "norm" or "swiglu" (k = the product's
 # inner size, half the swiglu input). The full-size Fish 1.5 DualAR's products, best of bench/gemv_sweep.py's grid
@@ -60,13 +61,15 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once: `applies`
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool = False) -> bool:
-    """Whether a product of x (one row; [gate | up] with swiglu) with weight runs the kernel: MODE "auto", inside a
-    compiled region, on CUDA (or Triton's interpreter), floating point, the weight's rows contiguous."""
+    """Whether a product of x (up to MAX_ROWS rows; [gate | up] with swiglu) with weight runs the kernel: MODE
+    "auto", inside a compiled region, on CUDA (or Triton's interpreter), floating point, rows contiguous."""
     return (
         MODE == "auto"
         and AVAILABLE
         and torch.compiler.is_compiling()
-        and x.numel() == x.shape[-1] == weight.shape[1] * (2 if swiglu else 1)
+        and x.shape[-1] == weight.shape[1] * (2 if swiglu else 1)
+        and x.numel() <= MAX_ROWS * x.shape[-1]
+        and (x.numel() == x.shape[-1] or x.is_contiguous())
         and (x.device.type == "cuda" or _INTERPRETED)
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and weight.dtype == x.dtype
@@ -85,18 +88,26 @@ def linear(
     rope: torch.Tensor | None = None,
     rope_rows: int = 0,
 ) -> torch.Tensor:
-    """residual + F.linear(prologue(x), weight) for x (..., K) holding one row, where prologue is
-    rms_norm(x)·norm_weight (norm_weight given), silu(gate)·up (swiglu) or nothing, and with `rope` (the row's
-    (head_dim/2, 2) cos/sin table) the first rope_rows outputs rotated as rope.apply_rope rotates heads; the kernel
-    where `applies`, else the eager ops (`reference`)."""
+    """residual + F.linear(prologue(x), weight) for x (..., K) holding up to MAX_ROWS rows, where prologue is
+    rms_norm(x)·norm_weight (norm_weight given), silu(gate)·up (swiglu) or nothing, and with `rope` (a (head_dim/2, 2)
+    cos/sin table for every row, or one per row: (rows, ..., head_dim/2, 2)) the first rope_rows outputs rotated as
+    rope.apply_rope rotates heads; the kernel where `applies`, else the eager ops (`reference`)."""
     if not applies(x, weight, swiglu):
         return reference(x, weight, norm_weight, eps, swiglu, residual, rope, rope_rows)
-    flat_residual = None if residual is None else residual.reshape(-1)
-    flat_rope = None if rope is None else rope.reshape(-1)
-    out = torch.ops.fishgate.one_row_gemv(
-        x.reshape(-1), weight, norm_weight, flat_residual, eps, swiglu, flat_rope, rope_rows
-    )
+    rows = x.reshape(-1, x.shape[-1])
+    flat_residual = None if residual is None else residual.reshape(rows.shape[0], -1)
+    row_rope = None if rope is None else rope_rows_table(rope, rows.shape[0])
+    out = torch.ops.fishgate.one_row_gemv(rows, weight, norm_weight, flat_residual, eps, swiglu, row_rope, rope_rows)
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def rope_rows_table(rope: torch.Tensor, rows: int) -> torch.Tensor:
+    """A RoPE table as the kernel reads it: (1, head_dim) for every row, or (rows, head_dim) one each; from the model's
+    layout (..., head_dim/2, 2) or already flat (..., head_dim)."""
+    head_dim = rope.shape[-1] * rope.shape[-2] if rope.dim() >= 2 and rope.shape[-1] == 2 else rope.shape[-1]
+    table = rope.reshape(-1, head_dim)
+    assert table.shape[0] in (1, rows), (tuple(rope.shape), rows)
+    return table
 
 
 def attention_input(
@@ -110,12 +121,14 @@ def attention_input(
     v_cache: torch.Tensor,
     cache_pos: torch.Tensor,
 ) -> torch.Tensor:
-    """wqkv's product for one row with its RMSNorm, the query and key heads rotated, and the keys and values written
-    into k_cache / v_cache (1, kv heads, L, head_dim) at position cache_pos (one element): one kernel for what
-    `linear` then Attention.attend's RoPE and cache writes do. Only where `applies` (the caller checks)."""
+    """wqkv's product for x (B, 1, dim) with its RMSNorm, the query and key heads rotated, and the keys and values
+    written into k_cache / v_cache (B, kv heads, L, head_dim) at each row's position cache_pos (B, 1): one kernel
+    for what `linear` then Attention.attend's RoPE and cache writes do. Only where `applies` (the caller checks)."""
+    rows = x.reshape(-1, x.shape[-1])
     out = torch.ops.fishgate.one_row_attention_input(
-        x.reshape(-1), wqkv, norm_weight, eps, rope.reshape(-1), rope_rows, k_cache, v_cache, cache_pos.reshape(-1)
-    )
+        rows, wqkv, norm_weight, eps, rope_rows_table(rope, rows.shape[0]), rope_rows, k_cache, v_cache,
+        cache_pos.reshape(-1),
+    )  # fmt: skip
     return out.view(*x.shape[:-1], wqkv.shape[0])
 
 
@@ -138,9 +151,10 @@ def reference(
         x = F.silu(gate) * up
     y = F.linear(x, weight)
     if rope is not None:
-        head_dim = rope.numel()
-        heads = y[..., :rope_rows].reshape(*y.shape[:-1], rope_rows // head_dim, head_dim)  # (..., H, hd)
-        rotated = apply_rope(heads.reshape(1, 1, -1, head_dim), rope.reshape(1, head_dim // 2, 2))
+        table = rope_rows_table(rope, y.numel() // y.shape[-1])  # (1 or rows, hd)
+        head_dim = table.shape[-1]
+        heads = y[..., :rope_rows].reshape(-1, 1, rope_rows // head_dim, head_dim)  # (rows, 1, H, hd)
+        rotated = apply_rope(heads, table.view(-1, 1, head_dim // 2, 2))
         y = torch.cat([rotated.reshape(*y.shape[:-1], rope_rows), y[..., rope_rows:]], dim=-1)
     return y if residual is None else residual + y
 
@@ -161,7 +175,7 @@ def _gemv_op(
 
 @_gemv_op.register_fake
 def _(x, weight, norm_weight, residual, eps, swiglu, rope, rope_rows):
-    return torch.empty(weight.shape[0], dtype=x.dtype, device=x.device)
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("fishgate::one_row_attention_input", mutates_args=("k_cache", "v_cache"))
@@ -182,7 +196,7 @@ def _attention_input_op(
 
 @_attention_input_op.register_fake
 def _(x, wqkv, norm_weight, eps, rope, rope_rows, k_cache, v_cache, cache_pos):
-    return torch.empty(wqkv.shape[0], dtype=x.dtype, device=x.device)
+    return x.new_empty(*x.shape[:-1], wqkv.shape[0])
 
 
 def fused_input(norm_weight: torch.Tensor | None, swiglu: bool) -> str:
@@ -230,6 +244,12 @@ def self_check(device: torch.device, dtype: torch.dtype, products: set[Product])
             swiglu = p.fused == "swiglu"
             want = reference(x.float(), w.float(), f(norm), 1e-6, swiglu, f(residual), rope, p.rope_rows)
             got = launch(x, w, norm, residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
+            # three rows at once (the compiled buckets of 2-8 rows), the second being this one: the same result
+            rows = torch.stack([x.roll(1), x, x.roll(-1)])
+            rows_residual = None if residual is None else torch.stack([residual] * 3)
+            got_rows = launch(rows, w, norm, rows_residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
+            if not torch.equal(got_rows[1], got):
+                return f"the {p.n} x {p.k} {p.fused} product of three rows differs from the same row alone"
             if rope is not None:  # and wqkv's keys and values written into caches at position 5 of 8
                 kv_heads = (p.n - p.rope_rows) // p.head_dim
                 caches = [torch.zeros(1, kv_heads, 8, p.head_dim, device=device, dtype=dtype) for _ in range(2)]
@@ -277,36 +297,45 @@ def launch(
     v_cache: torch.Tensor | None = None,
     cache_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The kernel on a flat row x (K,), or (2K,) with swiglu: weight (N, K) → (N,); rope: (head_dim,) fp32 cos/sin
-    pairs rotating the first rope_rows outputs (whole heads; a program then holds at least one pair). With the
-    caches (and rope), the outputs are wqkv's [queries | keys | values]: the N - rope_rows values and as many keys
-    before them are also written into k_cache / v_cache (1, kv heads, L, head_dim) at position cache_pos[0]."""
+    """The kernel on x (K,) or (M, K) rows ((2K,) / (M, 2K) with swiglu), M ≤ MAX_ROWS: weight (N, K) → (N,) or
+    (M, N); residual shaped as the output. rope: (head_dim,) or (1 or M, head_dim) fp32 cos/sin pairs rotating the
+    first rope_rows outputs of each row (whole heads; a program then holds at least one pair). With the caches (and
+    rope), the outputs are wqkv's [queries | keys | values]: row m's N - rope_rows values and as many keys before
+    them are also written into k_cache / v_cache (M, kv heads, L, head_dim) at position cache_pos[m] (cache_pos 1-D,
+    any stride: the fast stack's is one position expanded)."""
     n, k = weight.shape
-    assert x.numel() == k * (2 if swiglu else 1) and x.stride(-1) == 1 and weight.stride(-1) == 1
+    width = k * (2 if swiglu else 1)
+    rows = x.numel() // width
+    assert x.shape[-1] == width and x.numel() == rows * width and 1 <= rows <= MAX_ROWS
+    assert x.stride(-1) == 1 and (rows == 1 or x.stride(0) == width) and weight.stride(-1) == 1
     assert not (swiglu and norm_weight is not None)
     assert norm_weight is None or norm_weight.numel() == k
-    assert residual is None or residual.numel() == n
-    assert rope is None or (rope.numel() % 2 == 0 and rope_rows % rope.numel() == 0 and rope.stride(-1) == 1)
+    assert residual is None or (residual.numel() == rows * n and residual.is_contiguous())
+    table = None if rope is None else rope.reshape(-1, rope.shape[-1])
+    if table is not None:
+        assert table.shape[0] in (1, rows) and table.stride(-1) == 1 and rope_rows % table.shape[1] == 0
     cached = k_cache is not None and v_cache is not None and cache_pos is not None
     if cached:
-        assert rope is not None and k_cache is not None and v_cache is not None  # (for mypy)
-        assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and k_cache.shape[0] == 1 == v_cache.shape[0]
+        assert table is not None and k_cache is not None and v_cache is not None and cache_pos is not None  # (mypy)
+        assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and k_cache.shape[0] == rows == v_cache.shape[0]
         assert k_cache.shape[1] * k_cache.shape[3] == n - rope_rows == v_cache.shape[1] * v_cache.shape[3]
-        assert k_cache.shape[3] == rope.numel()
-    out = torch.empty(n, dtype=x.dtype, device=x.device)
+        assert k_cache.shape[3] == table.shape[1] and cache_pos.dim() == 1 and cache_pos.numel() == rows
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     block_n, k_chunks, num_warps = config or config_for(n, k, fused_input(norm_weight, swiglu))
-    if rope is not None:
+    if table is not None:
         block_n = max(2, block_n)
     block_k = max(16, triton.next_power_of_2(triton.cdiv(k, k_chunks)))
     prologue = 2 if swiglu else 0 if norm_weight is None else 1
+    kc, vc = (k_cache, v_cache) if cached else (x, x)
     _gemv[(triton.cdiv(n, block_n),)](
         x, weight, out, x if norm_weight is None else norm_weight, x if residual is None else residual,
-        x if rope is None else rope, n, k, weight.stride(0), eps, rope_rows,
-        k_cache if cached else x, v_cache if cached else x, cache_pos if cached else x,
-        k_cache.stride(1) if cached else 0, k_cache.stride(2) if cached else 0,  # type: ignore[union-attr]
-        v_cache.stride(1) if cached else 0, v_cache.stride(2) if cached else 0,  # type: ignore[union-attr]
-        PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=rope is not None, CACHE=cached,
-        HALF_HEAD=1 if rope is None else rope.numel() // 2, BLOCK_N=block_n, BLOCK_K=block_k,
+        x if table is None else table, n, k, weight.stride(0), eps, rope_rows,
+        0 if table is None or table.shape[0] == 1 else table.stride(0),
+        kc, vc, cache_pos if cached else x, cache_pos.stride(0) if cached else 0,  # type: ignore[union-attr]
+        *(kc.stride(i) if cached else 0 for i in range(3)),  # type: ignore[union-attr]
+        *(vc.stride(i) if cached else 0 for i in range(3)),  # type: ignore[union-attr]
+        ROWS=rows, PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=table is not None, CACHE=cached,
+        HALF_HEAD=1 if table is None else table.shape[1] // 2, BLOCK_N=block_n, BLOCK_K=block_k,
         K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), num_warps=num_warps,
     )  # fmt: skip
     return out
@@ -334,13 +363,14 @@ if AVAILABLE:
         return a
 
     @triton.jit
-    def _gemv(
+    def _one_row(
         x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, rope_ptr, n, k, sw_n, eps, rope_rows,
         kc_ptr, vc_ptr, pos_ptr, skc_h, skc_l, svc_h, svc_l,
         PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr, CACHE: tl.constexpr,
-        HALF_HEAD: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr,
+        HALF_HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr,
+        NORM_PAD: tl.constexpr,
     ):  # fmt: skip
+        """One row's BLOCK_N outputs of this program (pointers already at the row)."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         live_n = rows < n
         scale = 1.0
@@ -377,3 +407,21 @@ if AVAILABLE:
             r = tl.load(res_ptr + rows, mask=live_n, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + rows, y, mask=live_n)
+
+    @triton.jit
+    def _gemv(
+        x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, rope_ptr, n, k, sw_n, eps, rope_rows, srope_m,
+        kc_ptr, vc_ptr, pos_ptr, spos_m, skc_m, skc_h, skc_l, svc_m, svc_h, svc_l,
+        ROWS: tl.constexpr, PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
+        CACHE: tl.constexpr, HALF_HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr,
+    ):  # fmt: skip
+        """BLOCK_N outputs of every row: the rows one after another over the same weight rows (read from memory
+        once; the later rows find them in the caches)."""
+        x_row = (2 if PROLOGUE == 2 else 1) * k
+        for m in tl.static_range(ROWS):
+            _one_row(
+                x_ptr + m * x_row, w_ptr, out_ptr + m * n, norm_ptr, res_ptr + m * n, rope_ptr + m * srope_m,
+                n, k, sw_n, eps, rope_rows, kc_ptr + m * skc_m, vc_ptr + m * svc_m, pos_ptr + m * spos_m, skc_h, skc_l,
+                svc_h, svc_l, PROLOGUE, RESIDUAL, ROPE, CACHE, HALF_HEAD, BLOCK_N, BLOCK_K, K_CHUNKS, NORM_PAD,
+            )  # fmt: skip

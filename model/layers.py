@@ -247,22 +247,24 @@ class TransformerBlock(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self._by_gemv_kernels(x):
-            return self._one_row(x, freqs, k_cache, v_cache, input_pos, mask)
+            return self._few_rows(x, freqs, k_cache, v_cache, input_pos, mask)
         h = x + self.attention(self.attention_norm(x), freqs, k_cache, v_cache, input_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def _by_gemv_kernels(self, x: torch.Tensor) -> bool:
-        """One row inside a compiled region with model.gemv's kernels on (not batch-invariant mode: there a row
-        must compute as it does beside others), fused w1/w3, no qkv bias."""
+        """Up to gemv.MAX_ROWS rows of one position each inside a compiled region with model.gemv's kernels on (not
+        batch-invariant mode: there a row must compute as it does beside others), fused w1/w3, no qkv bias."""
         attention, ff = self.attention, self.feed_forward
         return (
             ff.w13 is not None
+            and x.dim() == 3
+            and x.shape[1] == 1
             and attention.wqkv.bias is None
             and not (attention.batch_invariant or attention.wqkv.batch_invariant)
             and gemv.applies(x, attention.wqkv.weight)
         )
 
-    def _one_row(
+    def _few_rows(
         self,
         x: torch.Tensor,
         freqs: torch.Tensor,
@@ -271,8 +273,8 @@ class TransformerBlock(nn.Module):
         input_pos: torch.Tensor | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """forward for one row as four model.gemv kernels around the attention: the two norms, RoPE, the cache writes
-        and the residual adds ride on the products (no kernels of their own), SwiGLU on w2's."""
+        """forward for a few one-position rows as four model.gemv kernels around the attention: the two norms, RoPE,
+        the cache writes and the residual adds ride on the products (no kernels of their own), SwiGLU on w2's."""
         attention, ff = self.attention, self.feed_forward
         assert ff.w13 is not None
         norm1, norm2 = self.attention_norm, self.ffn_norm

@@ -48,6 +48,25 @@ CHECK = textwrap.dedent(
                     rope=None if "rope" not in kw else kw["rope"].reshape(-1), rope_rows=kw.get("rope_rows", 0),
                 ).view(1, 1, n)
                 torch.testing.assert_close(got, gemv.reference(inp, w, **kw), rtol=1e-5, atol=1e-5, msg=lambda m: f"{n}x{k} {config} {sorted(kw)}: {m}")
+    # several rows at once (one weight read): each row as alone, per-row RoPE tables and cache positions
+    w, norm = torch.randn(96, 64, generator=gen), torch.rand(64, generator=gen) + 0.5
+    xs, res = torch.randn(3, 64, generator=gen), torch.randn(3, 96, generator=gen)
+    angles = torch.rand(3, 8, generator=gen) * 6
+    tables = torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(3, 16)
+    for kw in ({}, {"norm_weight": norm, "eps": 1e-5}, {"residual": res}, {"norm_weight": norm, "rope": tables, "rope_rows": 64}):
+        got = gemv.launch(xs, w, kw.get("norm_weight"), kw.get("residual"), kw.get("eps", 0.0), rope=kw.get("rope"),
+                          rope_rows=kw.get("rope_rows", 0), config=(4, 2, 4))
+        torch.testing.assert_close(got, gemv.reference(xs, w, **kw), rtol=1e-5, atol=1e-5, msg=lambda m: f"{sorted(kw)}: {m}")
+    gate_up = torch.randn(2, 128, generator=gen)
+    torch.testing.assert_close(gemv.launch(gate_up, w, swiglu=True), gemv.reference(gate_up, w, swiglu=True), rtol=1e-5, atol=1e-5)
+    big_k, big_v = torch.zeros(5, 2, 10, 16), torch.zeros(5, 2, 10, 16)
+    out = gemv.launch(xs, w, norm, None, 1e-5, rope=tables, rope_rows=64, k_cache=big_k[1:4], v_cache=big_v[1:4],
+                      cache_pos=torch.tensor([7, 0, 9]))  # fmt: skip
+    for m, pos in enumerate([7, 0, 9]):
+        assert torch.equal(big_k[1 + m, :, pos].reshape(-1), out[m, 32:64]), m
+        assert torch.equal(big_v[1 + m, :, pos].reshape(-1), out[m, 64:]), m
+    assert big_k.count_nonzero() <= 3 * 32 and big_v.count_nonzero() <= 3 * 32
+
     # wqkv's keys and values written into the caches by the same kernel: exactly the values it returns, at the
     # position, nowhere else (2 kv heads of 16: n = 96 = 64 rotated + 32 values)
     w, x, norm = torch.randn(96, 64, generator=gen), torch.randn(64, generator=gen), torch.rand(64, generator=gen)
@@ -80,38 +99,41 @@ CHECK = textwrap.dedent(
     assert not gemv.applies(x[:1], w) and torch.equal(gemv.linear(x, w), F.linear(x, w))
     assert torch.equal(gemv.linear(x, w, residual=x[..., :32]), x[..., :32] + F.linear(x, w))
 
-    # a one-row decode step of the test model, its regions traced (the kernels as the custom op), against kernels off
+    # decode steps of the test model (one row, then three at different positions), their regions traced (the kernels
+    # as the custom ops), against the same steps with the kernels off: logits, and the keys and values in the caches
     from tests.model.test_kv_cache import make_model, random_sequence
 
     model = make_model("gqa_fast_project")
     model.fuse_feed_forward()
-    frames = random_sequence(model, 1, seed=3)[:, 0].unsqueeze(0)
-    outs = {}
-    caches = {}
-    for mode in ("off", "auto"):
-        gemv.MODE = mode
-        compiled_regions.reset()
-        cache = model.make_cache(n_slots=1)
-        caches[mode] = cache
-        graphs = []
+    for rows, positions in ((1, [5]), (3, [5, 9, 2])):
+        frames = torch.cat([random_sequence(model, 1, seed=3 + r)[:, 0].unsqueeze(0) for r in range(rows)])
+        outs, caches = {}, {}
+        for mode in ("off", "auto"):
+            gemv.MODE = mode
+            compiled_regions.reset()
+            cache = model.make_cache(n_slots=rows)
+            caches[mode] = cache
+            graphs = []
 
-        def recording_backend(gm, example_inputs):
-            graphs.append(str(gm.graph))
-            return gm.forward
+            def recording_backend(gm, example_inputs):
+                graphs.append(str(gm.graph))
+                return gm.forward
 
-        with torch.inference_mode(), compiled_regions.compiled(recording_backend):
-            logits, hidden = model.decode_slow(frames, cache, torch.tensor([5]), 64)
-            fast = model.fast_step(hidden, model.make_fast_cache(1), 0)
-        outs[mode] = (logits, fast)
-        used = sum(g.count("one_row_gemv") + g.count("one_row_attention_input") for g in graphs)
-        assert (used > 0) == (mode == "auto"), (mode, used)
-        assert (sum(g.count("one_row_attention_input") for g in graphs) > 0) == (mode == "auto")
-    assert compiled_regions.failed_regions() == []
-    for a, b in zip(outs["off"], outs["auto"]):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    # the keys and values the kernel wrote are the ones the eager writes put there
-    for name in ("k", "v"):
-        torch.testing.assert_close(getattr(caches["auto"], name), getattr(caches["off"], name), rtol=1e-4, atol=1e-5)
+            with torch.inference_mode(), compiled_regions.compiled(recording_backend):
+                logits, hidden = model.decode_slow(frames, cache, torch.tensor(positions), 64)
+                fast = model.fast_step(hidden, model.make_fast_cache(rows), 0)
+            outs[mode] = (logits, fast)
+            used = sum(g.count("one_row_gemv") + g.count("one_row_attention_input") for g in graphs)
+            assert (used > 0) == (mode == "auto"), (mode, used)
+            assert (sum(g.count("one_row_attention_input") for g in graphs) > 0) == (mode == "auto")
+        assert compiled_regions.failed_regions() == []
+        for a, b in zip(outs["off"], outs["auto"]):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(caches["auto"], name), getattr(caches["off"], name), rtol=1e-4, atol=1e-5)
+    gemv.MODE = "auto"
+    x = torch.randn(gemv.MAX_ROWS + 1, 1, 64)
+    assert not gemv.applies(x, torch.randn(32, 64))  # more rows than the kernel takes: the eager ops
 
     # the start-up self-check at the model's products: passes here, and names the product a broken kernel gets wrong
     products = model.one_row_products()
