@@ -66,6 +66,7 @@ class Variant:
     all_directions: bool = False  # coordinate descent tries every direction at once (gpt-fast's setting), not one
     fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
     gemv: bool = False  # one-row compiled blocks and codebook heads by model.gemv's fused kernels (run 26)
+    gemv_rows: int = 1  # ... and those of up to this many rows (gemv.MAX_ROWS)
 
 
 VARIANTS = {
@@ -93,6 +94,11 @@ VARIANTS = {
     # residual adds fused into them (run 25: wqkv and wo only, unfused); then the fast stack's attention by
     # inductor / SDPA (not the kernel)
     "engine_tuned_gemv": Variant(compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv=True),
+    # run 26: the static-compiled buckets of up to 8 rows with model.gemv's kernels (gemv.MAX_ROWS 8), against
+    # compiled_length_4096 (inductor's untuned kernels and cuBLAS there)
+    "compiled_length_4096_gemv8": Variant(
+        compiled=True, length_attention=True, cache_len=4096, gemv=True, gemv_rows=gemv.KERNEL_MAX_ROWS
+    ),
     "compiled_length_4096_fast_sdpa": Variant(
         compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
     ),
@@ -103,6 +109,7 @@ def apply(model: DualARTransformer, v: Variant) -> None:
     Attention.decode_attention = "reduction" if v.reduction_attention else v.decode_attention
     model.use_length_attention(v.length_attention)
     gemv.MODE = "auto" if v.gemv else "off"
+    gemv.MAX_ROWS = v.gemv_rows
     if not v.fast_length_attention:
         for module in model.fast_layers.modules():
             if isinstance(module, Attention):

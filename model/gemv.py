@@ -45,7 +45,11 @@ except ImportError:  # the CPU wheels of torch ship without Triton
 MODE = "auto"
 MAX_TILE = 32768  # weight elements one program may hold (BLOCK_N × the chunk length × K_CHUNKS)
 MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 4.3 TB/s already) stay with inductor
-MAX_ROWS = 8  # rows a product may have: each program reads its weight rows once and multiplies them by every row
+# rows a product may have inside the compiled regions (the engine compiles buckets of 1-8 rows): each program reads
+# its weight rows once and multiplies them by every row. 1 until the few-row buckets are measured on the GPU (the
+# kernels take up to KERNEL_MAX_ROWS; `bench.step_variants --variants compiled_length_4096_gemv8` measures 8)
+MAX_ROWS = 1
+KERNEL_MAX_ROWS = 8
 MIN_PROGRAMS = 2 * 132  # the rule of thumb: at least two programs per SM of an H200 where the rows allow
 # (n, k, fused input) → (BLOCK_N, K_CHUNKS, num_warps); fused input: "plain", "norm" or "swiglu" (k = the product's
 # inner size, half the swiglu input). The full-size Fish 1.5 DualAR's products, best of bench/gemv_sweep.py's grid
@@ -244,12 +248,12 @@ def self_check(device: torch.device, dtype: torch.dtype, products: set[Product])
             swiglu = p.fused == "swiglu"
             want = reference(x.float(), w.float(), f(norm), 1e-6, swiglu, f(residual), rope, p.rope_rows)
             got = launch(x, w, norm, residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
-            # three rows at once (the compiled buckets of 2-8 rows), the second being this one: the same result
-            rows = torch.stack([x.roll(1), x, x.roll(-1)])
-            rows_residual = None if residual is None else torch.stack([residual] * 3)
-            got_rows = launch(rows, w, norm, rows_residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows).float()
-            if not torch.equal(got_rows[1], got):
-                return f"the {p.n} x {p.k} {p.fused} product of three rows differs from the same row alone"
+            if MAX_ROWS > 1:  # three rows at once (compiled buckets of 2-8 rows), the second this one: the same result
+                rows = torch.stack([x.roll(1), x, x.roll(-1)])
+                rows_residual = None if residual is None else torch.stack([residual] * 3)
+                got_rows = launch(rows, w, norm, rows_residual, 1e-6, swiglu, rope=rope, rope_rows=p.rope_rows)
+                if not torch.equal(got_rows[1].float(), got):
+                    return f"the {p.n} x {p.k} {p.fused} product of three rows differs from the same row alone"
             if rope is not None:  # and wqkv's keys and values written into caches at position 5 of 8
                 kv_heads = (p.n - p.rope_rows) // p.head_dim
                 caches = [torch.zeros(1, kv_heads, 8, p.head_dim, device=device, dtype=dtype) for _ in range(2)]
@@ -306,7 +310,7 @@ def launch(
     n, k = weight.shape
     width = k * (2 if swiglu else 1)
     rows = x.numel() // width
-    assert x.shape[-1] == width and x.numel() == rows * width and 1 <= rows <= MAX_ROWS
+    assert x.shape[-1] == width and x.numel() == rows * width and 1 <= rows <= KERNEL_MAX_ROWS
     assert x.stride(-1) == 1 and (rows == 1 or x.stride(0) == width) and weight.stride(-1) == 1
     assert not (swiglu and norm_weight is not None)
     assert norm_weight is None or norm_weight.numel() == k

@@ -105,6 +105,7 @@ CHECK = textwrap.dedent(
 
     model = make_model("gqa_fast_project")
     model.fuse_feed_forward()
+    gemv.MAX_ROWS = gemv.KERNEL_MAX_ROWS  # the few-row buckets too
     for rows, positions in ((1, [5]), (3, [5, 9, 2])):
         frames = torch.cat([random_sequence(model, 1, seed=3 + r)[:, 0].unsqueeze(0) for r in range(rows)])
         outs, caches = {}, {}
@@ -132,13 +133,15 @@ CHECK = textwrap.dedent(
         for name in ("k", "v"):
             torch.testing.assert_close(getattr(caches["auto"], name), getattr(caches["off"], name), rtol=1e-4, atol=1e-5)
     gemv.MODE = "auto"
-    x = torch.randn(gemv.MAX_ROWS + 1, 1, 64)
+    x = torch.randn(gemv.MAX_ROWS + 1, 1, 64)  # more rows than allowed: the eager ops
     assert not gemv.applies(x, torch.randn(32, 64))  # more rows than the kernel takes: the eager ops
 
     # the start-up self-check at the model's products: passes here, and names the product a broken kernel gets wrong
     products = model.one_row_products()
     assert {p.fused for p in products} == {"norm", "plain", "swiglu"} and len(products) >= 5, products
     assert any(p.rope_rows for p in products)
+    assert gemv.self_check(torch.device("cpu"), torch.float32, products) is None
+    gemv.MAX_ROWS = 1
     assert gemv.self_check(torch.device("cpu"), torch.float32, products) is None
     real = gemv.launch
     gemv.launch = lambda x, w, *args, **kw: real(x, w, *args, **kw) * 1.01

@@ -66,10 +66,17 @@ def test_stepper_graph_replay_equals_eager() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")
+@pytest.mark.parametrize("gemv_rows", [1, 8])
 @torch.no_grad()
-def test_compiled_step_equals_eager() -> None:
-    """Inductor-compiled step in a CUDA graph (fp32, so fusion changes only rounding): the same frames."""
+def test_compiled_step_equals_eager(gemv_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor-compiled step in a CUDA graph (fp32, so fusion changes only rounding): the same frames; with
+    model.gemv's kernels for the 4-row bucket too (gemv.MAX_ROWS 8) or not."""
+    from model import compiled_regions, gemv
+
+    monkeypatch.setattr(gemv, "MAX_ROWS", gemv_rows)
+    compiled_regions.reset()
     model = cuda_model("gqa_fast_project", torch.float32)
+    model.fuse_feed_forward()
     eager = run_stepper(DecodeStepper(model, 4, max_seq_len=128, length_buckets=[64]), 8)
     compiled = DecodeStepper(
         model, 4, max_seq_len=128, length_buckets=[64], use_cuda_graphs=True, compile_backend="inductor"
