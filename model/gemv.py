@@ -9,14 +9,19 @@ BLOCK_N outputs, with, as asked:
   from L2), so the norm needs no kernel of its own;
 - SwiGLU in front (`swiglu`): the input is [gate | up] and the product is with silu(gate) · up (w2 after w1/w3);
 - a residual added behind (`residual`);
-- RoPE behind (`rope`): the query and key heads of wqkv's output rotated for the row's position.
+- RoPE behind (`rope`): the query and key heads of wqkv's output rotated for the row's position;
+- the KV-cache writes behind (`attention_input`): wqkv's keys and values stored at the row's position, a custom op
+  that mutates the cache views (inductor reinplaces it: no copies).
+Up to KERNEL_MAX_ROWS rows a launch: the rows run one after another over the program's weight rows, which only the
+first reads from memory (MAX_ROWS decides how many rows the compiled regions hand it).
 Every fused op rounds where the eager op does (the norm's fp32 result to the model dtype, then its scale; silu, then
 the product with up; the product before the residual add), so the result differs from the eager chain only by the
 GEMV's summation order. Launch configs per weight shape come from `bench/gemv_sweep.py` on the H200 (CONFIGS);
 shapes not in the table get a rule of thumb.
 
 Inside compiled regions the product is a custom op (opaque to inductor, like model.decode_attention's kernel).
-`layers.TransformerBlock` and the heads call it for one-row decode steps when MODE is "auto".
+`layers.TransformerBlock` and the heads call it for one-row decode steps when MODE is "auto" (the engine sets MODE:
+`--gemv-kernels`). H200 run 26: the one-row step 2.16 → 1.57 ms (722 → 434 kernels).
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ try:
 except ImportError:  # the CPU wheels of torch ship without Triton
     AVAILABLE = False
 
-# "auto" (the default): one-row products inside compiled regions on CUDA by these kernels; "off": F.linear and the
-# separate norms, which inductor turns into its tuned reductions. H200 run 26, the tuned one-row step: 1.789 ms with
-# the kernels against 2.377 ms without in the same run (602 against 722 kernels). Run 25 had measured plain kernels
-# (no fusions, one config rule for every shape) slower for the large products.
+# "auto" (the default): products of up to MAX_ROWS rows inside compiled regions on CUDA by these kernels; "off":
+# F.linear and the separate norms, RoPE and cache writes, which inductor turns into its tuned kernels. H200 run 26,
+# the tuned one-row step in the same call: 2.155 ms off, 1.722 ms with the kernels before the cache writes were fused
+# (1.574 ms with them, call 3). Run 25 had measured plain kernels (no fusions, one config rule for every shape)
+# slower for the large products.
 MODE = "auto"
 MAX_TILE = 32768  # weight elements one program may hold (BLOCK_N × the chunk length × K_CHUNKS)
 MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 4.3 TB/s already) stay with inductor
