@@ -284,13 +284,20 @@ def self_check(device: torch.device, dtype: torch.dtype, products: set[Product])
 
 def load_configs(path: str) -> int:
     """Add bench/gemv_sweep.py's best configs (its `configs` list of {n, k, fused, block_n, k_chunks, num_warps})
-    to CONFIGS; returns how many."""
+    to CONFIGS; returns how many. Raises ValueError (nothing added) for an entry the kernel cannot launch."""
     with open(path) as f:
         rows = json.load(f)["configs"]
+    found = {}
     for r in rows:
         key = (int(r["n"]), int(r["k"]), str(r["fused"]))
-        CONFIGS[key] = (int(r["block_n"]), int(r["k_chunks"]), int(r["num_warps"]))
-    return len(rows)
+        config = (int(r["block_n"]), int(r["k_chunks"]), int(r["num_warps"]))
+        powers = all(v >= 1 and v & (v - 1) == 0 for v in (config[0], config[2]))
+        launchable = powers and config[2] <= 32 and config[1] >= 1 and min(key[:2]) >= 1
+        if key[2] not in ("plain", "norm", "swiglu") or not launchable:
+            raise ValueError(f"config {r} (BLOCK_N and warps powers of two, warps ≤ 32, fused plain, norm or swiglu)")
+        found[key] = config
+    CONFIGS.update(found)
+    return len(found)
 
 
 def launch(

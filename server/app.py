@@ -137,6 +137,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 tune_single_row=settings.compile_tune_single_row == "on",
                 length_attention={"on": True, "off": False}.get(settings.length_attention),
                 gemv_kernels={"on": True, "off": False}.get(settings.gemv_kernels),
+                gemv_configs=settings.gemv_configs,
                 vocoder_overlap={"on": True, "off": False}.get(settings.vocoder_overlap),
                 vocoder_merge_padding=settings.vocoder_merge_padding,
                 compile_symbolic_batch_above=settings.compile_symbolic_batch_above,

@@ -89,6 +89,11 @@ class Settings:
                   "step is compiled (--compile-max-batch >= 1). auto = on for a CUDA GPU with Triton whose kernels "
                   "pass a self-check at start-up, unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
+    gemv_configs: Path | None = field(
+        default=None,
+        metadata={"help": "a JSON file of launch configs for the --gemv-kernels kernels, as `python -m "
+                  "bench.gemv_sweep --out FILE` writes it on the GPU at hand (the built-in ones are the H200's)"},
+    )  # fmt: skip
     vocoder_overlap: str = field(
         default="auto",
         metadata={"help": "auto | on | off: the vocoder decodes on its own CUDA stream beside the next turn's prefill "

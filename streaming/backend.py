@@ -119,6 +119,8 @@ class BackendConfig:
     # batch-invariant engines). None = on where the kernels run and pass their self-check (H200 run 26: batch-1 step
     # 2.377 → 1.789 ms in the same run, docs/BENCHMARKS.md)
     gemv_kernels: bool | None = None
+    # launch configs for them from bench/gemv_sweep.py's JSON (gemv.load_configs), over the built-in H200 ones
+    gemv_configs: Path | None = None
     # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
     # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
     # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
@@ -420,6 +422,15 @@ class Backend:
             )
         auto = config.gemv_kernels is None and self.compile_max_batch > 0
         self.gemv_kernels = runs and bool(config.gemv_kernels or auto)
+        if config.gemv_configs is not None:  # read even where the kernels are off: a bad file is named at start-up
+            try:
+                count = gemv.load_configs(str(config.gemv_configs))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ValueError(
+                    f"--gemv-configs {config.gemv_configs}: not a bench.gemv_sweep result ({type(e).__name__}: {e}); "
+                    "write one with `python -m bench.gemv_sweep --out FILE` or leave the flag out"
+                ) from e
+            log.info("%d GEMV launch configs from %s", count, config.gemv_configs)
         if self.gemv_kernels:
             t_check = time.perf_counter()
             problem = gemv.self_check(self.device, dtype, self.model.one_row_products())

@@ -182,6 +182,8 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     with pytest.raises(SystemExit, match="--length-attention must be auto, on or off"):
         parse_settings(["--length-attention", "yes"])
     assert parse_settings([]).gemv_kernels == "auto"
+    assert parse_settings([]).gemv_configs is None
+    assert parse_settings(["--gemv-configs", "/tmp/sweep.json"]).gemv_configs == Path("/tmp/sweep.json")
     assert parse_settings(["--gemv-kernels", "off"]).gemv_kernels == "off"
     with pytest.raises(SystemExit, match="--gemv-kernels must be auto, on or off"):
         parse_settings(["--gemv-kernels", "fast"])

@@ -51,6 +51,34 @@ def test_gemv_kernels_are_refused_where_they_cannot_run() -> None:
         Backend(BackendConfig(max_sessions=2, gemv_kernels=True))
 
 
+def test_gemv_configs_file_is_read_at_start_up_and_a_bad_one_named(tmp_path) -> None:
+    """--gemv-configs: bench.gemv_sweep's JSON adds its launch configs (read even on CPU, where the kernels are off,
+    so a bad file stops the start, naming the fix); an unlaunchable entry adds nothing."""
+    import json
+
+    from model import gemv
+
+    saved = dict(gemv.CONFIGS)
+    try:
+        good = tmp_path / "sweep.json"
+        entry = {"n": 96, "k": 64, "fused": "norm", "block_n": 4, "k_chunks": 2, "num_warps": 4, "us": 1.0}
+        good.write_text(json.dumps({"configs": [entry]}))
+        Backend(BackendConfig(max_sessions=2, gemv_configs=good))
+        assert gemv.CONFIGS[(96, 64, "norm")] == (4, 2, 4)
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"configs": [{**entry, "n": 97, "block_n": 3}]}))
+        with pytest.raises(
+            ValueError, match=r"--gemv-configs .*bad.json: not a bench.gemv_sweep result.*gemv_sweep --out"
+        ):
+            Backend(BackendConfig(max_sessions=2, gemv_configs=bad))
+        assert (97, 64, "norm") not in gemv.CONFIGS
+        with pytest.raises(ValueError, match=r"not a bench\.gemv_sweep result"):
+            Backend(BackendConfig(max_sessions=2, gemv_configs=tmp_path / "missing.json"))
+    finally:
+        gemv.CONFIGS.clear()
+        gemv.CONFIGS.update(saved)
+
+
 def test_prefill_max_rows_sets_the_static_passes_row_buckets() -> None:
     """--prefill-max-rows reaches the static prefill passes (on CPU they run eagerly when asked for); 4 by default."""
     default = Backend(BackendConfig(max_sessions=8, graph_prefill=True))
