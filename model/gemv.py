@@ -314,7 +314,7 @@ def launch(
     v_cache: torch.Tensor | None = None,
     cache_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The kernel on x (K,) or (M, K) rows ((2K,) / (M, 2K) with swiglu), M ≤ MAX_ROWS: weight (N, K) → (N,) or
+    """The kernel on x (K,) or (M, K) rows ((2K,) / (M, 2K) with swiglu), M ≤ KERNEL_MAX_ROWS: weight (N, K) → (N,) or
     (M, N); residual shaped as the output. rope: (head_dim,) or (1 or M, head_dim) fp32 cos/sin pairs rotating the
     first rope_rows outputs of each row (whole heads; a program then holds at least one pair). With the caches (and
     rope), the outputs are wqkv's [queries | keys | values]: row m's N - rope_rows values and as many keys before
@@ -332,25 +332,26 @@ def launch(
     if table is not None:
         assert table.shape[0] in (1, rows) and table.stride(-1) == 1 and rope_rows % table.shape[1] == 0
     cached = k_cache is not None and v_cache is not None and cache_pos is not None
-    if cached:
-        assert table is not None and k_cache is not None and v_cache is not None and cache_pos is not None  # (mypy)
-        assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and k_cache.shape[0] == rows == v_cache.shape[0]
-        assert k_cache.shape[1] * k_cache.shape[3] == n - rope_rows == v_cache.shape[1] * v_cache.shape[3]
-        assert k_cache.shape[3] == table.shape[1] and cache_pos.dim() == 1 and cache_pos.numel() == rows
+    kc, vc, pos = x, x, x  # stand-ins the kernel never touches without the caches
+    if k_cache is not None and v_cache is not None and cache_pos is not None:
+        kc, vc, pos = k_cache, v_cache, cache_pos
+        assert table is not None
+        assert kc.stride(-1) == 1 and vc.stride(-1) == 1 and kc.shape[0] == rows == vc.shape[0]
+        assert kc.shape[1] * kc.shape[3] == n - rope_rows == vc.shape[1] * vc.shape[3]
+        assert kc.shape[3] == table.shape[1] and pos.dim() == 1 and pos.numel() == rows
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     block_n, k_chunks, num_warps = config or config_for(n, k, fused_input(norm_weight, swiglu))
     if table is not None:
         block_n = max(2, block_n)
     block_k = max(16, triton.next_power_of_2(triton.cdiv(k, k_chunks)))
     prologue = 2 if swiglu else 0 if norm_weight is None else 1
-    kc, vc = (k_cache, v_cache) if cached else (x, x)
     _gemv[(triton.cdiv(n, block_n),)](
         x, weight, out, x if norm_weight is None else norm_weight, x if residual is None else residual,
         x if table is None else table, n, k, weight.stride(0), eps, rope_rows,
         0 if table is None or table.shape[0] == 1 else table.stride(0),
-        kc, vc, cache_pos if cached else x, cache_pos.stride(0) if cached else 0,  # type: ignore[union-attr]
-        *(kc.stride(i) if cached else 0 for i in range(3)),  # type: ignore[union-attr]
-        *(vc.stride(i) if cached else 0 for i in range(3)),  # type: ignore[union-attr]
+        kc, vc, pos, pos.stride(0) if cached else 0,
+        *(kc.stride(i) if cached else 0 for i in range(3)),
+        *(vc.stride(i) if cached else 0 for i in range(3)),
         ROWS=rows, PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=table is not None, CACHE=cached,
         HALF_HEAD=1 if table is None else table.shape[1] // 2, BLOCK_N=block_n, BLOCK_K=block_k,
         K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), num_warps=num_warps,

@@ -84,8 +84,9 @@ class Settings:
     gemv_kernels: str = field(
         default="auto",
         metadata={"help": "auto | on | off: the compiled one-row decode step's matrix-vector products through Triton "
-                  "kernels with the RMSNorms, SwiGLU and residual adds fused in (and the codebook head's), instead "
-                  "of inductor's reductions (H200 run 26: batch-1 step 2.38 -> 1.79 ms). Used where the one-row "
+                  "kernels with the RMSNorms, RoPE, KV-cache writes, SwiGLU and residual adds fused in (and the "
+                  "codebook head's), instead of inductor's reductions (H200 run 26: batch-1 step 2.16 -> 1.72 ms in "
+                  "one call, 1.57 ms with the cache writes fused). Used where the one-row "
                   "step is compiled (--compile-max-batch >= 1). auto = on for a CUDA GPU with Triton whose kernels "
                   "pass a self-check at start-up, unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip

@@ -114,10 +114,10 @@ class BackendConfig:
     # graphs, while prefill keeps GPU_LENGTH_BUCKETS. None = on for CUDA-graph engines where the kernel runs, unless
     # batch-invariant (H200 run 19: step at 384 rows 12.1 -> 9.3 ms, 256 rows 9.0 -> 7.3; docs/BENCHMARKS.md)
     length_attention: bool | None = None
-    # the one-row decode step's products (with the norms, SwiGLU and residual adds fused in) and the codebook head
-    # by model.gemv's Triton kernels instead of inductor's reductions (compiled one-row regions on CUDA only; not
-    # batch-invariant engines). None = on where the kernels run and pass their self-check (H200 run 26: batch-1 step
-    # 2.377 → 1.789 ms in the same run, docs/BENCHMARKS.md)
+    # the one-row decode step's products (with the norms, RoPE, KV-cache writes, SwiGLU and residual adds fused in)
+    # and the codebook head by model.gemv's Triton kernels instead of inductor's reductions (compiled one-row regions
+    # on CUDA only; not batch-invariant engines). None = on where the kernels run and pass their self-check (H200
+    # run 26: batch-1 step 2.155 → 1.722 ms in the same call, 1.574 ms with the cache writes fused; docs/BENCHMARKS.md)
     gemv_kernels: bool | None = None
     # launch configs for them from bench/gemv_sweep.py's JSON (gemv.load_configs), over the built-in H200 ones
     gemv_configs: Path | None = None
