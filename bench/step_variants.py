@@ -44,7 +44,7 @@ import torch
 from bench.bench_decode import ATTN_LEN, agreement, fill_rows, make_stepper, run_frames
 from bench.fullsize import FRAME_RATE_HZ, environment, event_ms, random_model, wall_ms, write_json
 from bench.profile_step import kernel_profile
-from model import compiled_regions, gemv
+from model import compiled_regions, gemv, launch_overlap
 from model.dual_ar import DualARTransformer
 from model.layers import Attention
 from model.stepper import DecodeStepper
@@ -67,6 +67,7 @@ class Variant:
     fast_length_attention: bool = True  # with length_attention: the fast stack's too (run 25), else inductor/SDPA
     gemv: bool = False  # one-row compiled blocks and codebook heads by model.gemv's fused kernels (run 26)
     gemv_rows: int = 1  # ... and those of up to this many rows (gemv.MAX_ROWS)
+    pdl: bool = False  # model.gemv's and model.decode_attention's kernels by programmatic dependent launch (run 27)
 
 
 VARIANTS = {
@@ -99,6 +100,20 @@ VARIANTS = {
     "compiled_length_4096_gemv8": Variant(
         compiled=True, length_attention=True, cache_len=4096, gemv=True, gemv_rows=gemv.KERNEL_MAX_ROWS
     ),
+    # run 27: the same with programmatic dependent launch (model.launch_overlap): each kernel's weight reads start
+    # while the kernel before it runs; and with the few-row kernels too (gemv.MAX_ROWS 8: the 2-8-row buckets)
+    "engine_tuned_gemv_pdl": Variant(
+        compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv=True, pdl=True
+    ),
+    "engine_tuned_gemv8_pdl": Variant(
+        compiled=True,
+        length_attention=True,
+        cache_len=4096,
+        tune_single_row=True,
+        gemv=True,
+        gemv_rows=gemv.KERNEL_MAX_ROWS,
+        pdl=True,
+    ),
     "compiled_length_4096_fast_sdpa": Variant(
         compiled=True, length_attention=True, cache_len=4096, fast_length_attention=False
     ),
@@ -110,6 +125,7 @@ def apply(model: DualARTransformer, v: Variant) -> None:
     model.use_length_attention(v.length_attention)
     gemv.MODE = "auto" if v.gemv else "off"
     gemv.MAX_ROWS = v.gemv_rows
+    launch_overlap.MODE = "auto" if v.pdl else "off"
     if not v.fast_length_attention:
         for module in model.fast_layers.modules():
             if isinstance(module, Attention):

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from . import launch_overlap
 from .rope import apply_rope
 
 try:
@@ -56,6 +57,7 @@ MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 
 # kernels take up to KERNEL_MAX_ROWS; `bench.step_variants --variants compiled_length_4096_gemv8` measures 8)
 MAX_ROWS = 1
 KERNEL_MAX_ROWS = 8
+MAX_K_CHUNKS = 4  # pieces a program's weight rows are read in (all of them into registers before any product)
 MIN_PROGRAMS = 2 * 132  # the rule of thumb: at least two programs per SM of an H200 where the rows allow
 # (n, k, fused input) → (BLOCK_N, K_CHUNKS, num_warps); fused input: "plain", "norm" or "swiglu" (k = the product's
 # inner size, half the swiglu input). The full-size Fish 1.5 DualAR's products, best of bench/gemv_sweep.py's grid
@@ -292,9 +294,12 @@ def load_configs(path: str) -> int:
         key = (int(r["n"]), int(r["k"]), str(r["fused"]))
         config = (int(r["block_n"]), int(r["k_chunks"]), int(r["num_warps"]))
         powers = all(v >= 1 and v & (v - 1) == 0 for v in (config[0], config[2]))
-        launchable = powers and config[2] <= 32 and config[1] >= 1 and min(key[:2]) >= 1
+        launchable = powers and config[2] <= 32 and 1 <= config[1] <= MAX_K_CHUNKS and min(key[:2]) >= 1
         if key[2] not in ("plain", "norm", "swiglu") or not launchable:
-            raise ValueError(f"config {r} (BLOCK_N and warps powers of two, warps ≤ 32, fused plain, norm or swiglu)")
+            raise ValueError(
+                f"config {r} (BLOCK_N and warps powers of two, warps ≤ 32, K_CHUNKS 1-{MAX_K_CHUNKS}, fused plain, "
+                "norm or swiglu)"
+            )
         found[key] = config
     CONFIGS.update(found)
     return len(found)
@@ -343,6 +348,7 @@ def launch(
     block_n, k_chunks, num_warps = config or config_for(n, k, fused_input(norm_weight, swiglu))
     if table is not None:
         block_n = max(2, block_n)
+    assert 1 <= k_chunks <= MAX_K_CHUNKS, config
     block_k = max(16, triton.next_power_of_2(triton.cdiv(k, k_chunks)))
     prologue = 2 if swiglu else 0 if norm_weight is None else 1
     _gemv[(triton.cdiv(n, block_n),)](
@@ -354,7 +360,8 @@ def launch(
         *(vc.stride(i) if cached else 0 for i in range(3)),
         ROWS=rows, PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=table is not None, CACHE=cached,
         HALF_HEAD=1 if table is None else table.shape[1] // 2, BLOCK_N=block_n, BLOCK_K=block_k,
-        K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), num_warps=num_warps,
+        K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), PDL=launch_overlap.enabled(x.device),
+        num_warps=num_warps, **launch_overlap.launch_options(x.device),
     )  # fmt: skip
     return out
 
@@ -381,14 +388,28 @@ if AVAILABLE:
         return a
 
     @triton.jit
+    def _weight_piece(w_ptr, rows, live_n, c: tl.constexpr, k, sw_n, BLOCK_K: tl.constexpr):
+        """Piece c (BLOCK_K columns) of the program's weight rows."""
+        cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = live_n[:, None] & (cols < k)[None, :]
+        return tl.load(w_ptr + rows[:, None] * sw_n + cols[None, :], mask=mask, other=0.0)
+
+    @triton.jit
+    def _piece_sum(w, x_ptr, norm_ptr, c: tl.constexpr, k, scale, PROLOGUE: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Weight piece c times the input's piece c, summed along the row."""
+        a = _input_piece(x_ptr, norm_ptr, c * BLOCK_K + tl.arange(0, BLOCK_K), k, scale, PROLOGUE)
+        return tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+
+    @triton.jit
     def _one_row(
-        x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, rope_ptr, n, k, sw_n, eps, rope_rows,
+        x_ptr, w0, w1, w2, w3, out_ptr, norm_ptr, res_ptr, rope_ptr, n, k, eps, rope_rows,
         kc_ptr, vc_ptr, pos_ptr, skc_h, skc_l, svc_h, svc_l,
         PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr, CACHE: tl.constexpr,
         HALF_HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNKS: tl.constexpr,
         NORM_PAD: tl.constexpr,
     ):  # fmt: skip
-        """One row's BLOCK_N outputs of this program (pointers already at the row)."""
+        """One row's BLOCK_N outputs of this program (pointers already at the row; w0-w3: the program's weight rows
+        in K_CHUNKS pieces, already loaded)."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         live_n = rows < n
         scale = 1.0
@@ -396,13 +417,13 @@ if AVAILABLE:
             full = tl.arange(0, NORM_PAD)
             xs = tl.load(x_ptr + full, mask=full < k, other=0.0).to(tl.float32)
             scale = tl.rsqrt(tl.sum(xs * xs, axis=0) / k + eps)
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for c in tl.static_range(K_CHUNKS):
-            cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
-            a = _input_piece(x_ptr, norm_ptr, cols, k, scale, PROLOGUE)
-            w_mask = live_n[:, None] & (cols < k)[None, :]
-            w = tl.load(w_ptr + rows[:, None] * sw_n + cols[None, :], mask=w_mask, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        acc = _piece_sum(w0, x_ptr, norm_ptr, 0, k, scale, PROLOGUE, BLOCK_K)  # pieces summed in order, as before
+        if K_CHUNKS > 1:
+            acc += _piece_sum(w1, x_ptr, norm_ptr, 1, k, scale, PROLOGUE, BLOCK_K)
+        if K_CHUNKS > 2:
+            acc += _piece_sum(w2, x_ptr, norm_ptr, 2, k, scale, PROLOGUE, BLOCK_K)
+        if K_CHUNKS > 3:
+            acc += _piece_sum(w3, x_ptr, norm_ptr, 3, k, scale, PROLOGUE, BLOCK_K)
         y = acc.to(out_ptr.dtype.element_ty)
         if ROPE:  # rotate (even, odd) output pairs by their head position's (cos, sin), in fp32 from the rounded y
             even, odd = tl.split(tl.reshape(y.to(tl.float32), (BLOCK_N // 2, 2)))
@@ -432,14 +453,32 @@ if AVAILABLE:
         kc_ptr, vc_ptr, pos_ptr, spos_m, skc_m, skc_h, skc_l, svc_m, svc_h, svc_l,
         ROWS: tl.constexpr, PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
         CACHE: tl.constexpr, HALF_HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr,
+        K_CHUNKS: tl.constexpr, NORM_PAD: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
-        """BLOCK_N outputs of every row: the rows one after another over the same weight rows (read from memory
-        once; the later rows find them in the caches)."""
+        """BLOCK_N outputs of every row: the program's weight rows read once into registers (in up to 4 pieces), then
+        the rows one after another. With PDL (model.launch_overlap) the next kernel may launch at once, the weights
+        are read before waiting for the kernels before this one, and nothing else is read or written before it."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        live_n = rows < n
+        w0 = _weight_piece(w_ptr, rows, live_n, 0, k, sw_n, BLOCK_K)
+        w1 = w0  # unused below K_CHUNKS 2 (and so on)
+        w2 = w0
+        w3 = w0
+        if K_CHUNKS > 1:
+            w1 = _weight_piece(w_ptr, rows, live_n, 1, k, sw_n, BLOCK_K)
+        if K_CHUNKS > 2:
+            w2 = _weight_piece(w_ptr, rows, live_n, 2, k, sw_n, BLOCK_K)
+        if K_CHUNKS > 3:
+            w3 = _weight_piece(w_ptr, rows, live_n, 3, k, sw_n, BLOCK_K)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         x_row = (2 if PROLOGUE == 2 else 1) * k
         for m in tl.static_range(ROWS):
             _one_row(
-                x_ptr + m * x_row, w_ptr, out_ptr + m * n, norm_ptr, res_ptr + m * n, rope_ptr + m * srope_m,
-                n, k, sw_n, eps, rope_rows, kc_ptr + m * skc_m, vc_ptr + m * svc_m, pos_ptr + m * spos_m, skc_h, skc_l,
-                svc_h, svc_l, PROLOGUE, RESIDUAL, ROPE, CACHE, HALF_HEAD, BLOCK_N, BLOCK_K, K_CHUNKS, NORM_PAD,
+                x_ptr + m * x_row, w0, w1, w2, w3, out_ptr + m * n, norm_ptr, res_ptr + m * n,
+                rope_ptr + m * srope_m, n, k, eps, rope_rows, kc_ptr + m * skc_m, vc_ptr + m * svc_m,
+                pos_ptr + m * spos_m, skc_h, skc_l, svc_h, svc_l, PROLOGUE, RESIDUAL, ROPE, CACHE, HALF_HEAD, BLOCK_N,
+                BLOCK_K, K_CHUNKS, NORM_PAD,
             )  # fmt: skip

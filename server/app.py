@@ -138,6 +138,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 length_attention={"on": True, "off": False}.get(settings.length_attention),
                 gemv_kernels={"on": True, "off": False}.get(settings.gemv_kernels),
                 gemv_configs=settings.gemv_configs,
+                programmatic_launch=settings.programmatic_launch == "auto",
                 vocoder_overlap={"on": True, "off": False}.get(settings.vocoder_overlap),
                 vocoder_merge_padding=settings.vocoder_merge_padding,
                 compile_symbolic_batch_above=settings.compile_symbolic_batch_above,

@@ -90,6 +90,13 @@ class Settings:
                   "step is compiled (--compile-max-batch >= 1). auto = on for a CUDA GPU with Triton whose kernels "
                   "pass a self-check at start-up, unless batch-invariant; on refuses to start elsewhere"},
     )  # fmt: skip
+    programmatic_launch: str = field(
+        default="auto",
+        metadata={"help": "auto | off: the decode step's own Triton kernels (--gemv-kernels, --length-attention) "
+                  "launched with programmatic dependent launch, so each one's weight reads start while the kernel "
+                  "before it still runs (results bitwise the same). auto = on for CUDA GPUs of compute capability "
+                  "9.0 (Hopper) or newer"},
+    )  # fmt: skip
     gemv_configs: Path | None = field(
         default=None,
         metadata={"help": "a JSON file of launch configs for the --gemv-kernels kernels, as `python -m "

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import compiled_regions, decode_attention, gemv
+from model import compiled_regions, decode_attention, gemv, launch_overlap
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
@@ -121,6 +121,9 @@ class BackendConfig:
     gemv_kernels: bool | None = None
     # launch configs for them from bench/gemv_sweep.py's JSON (gemv.load_configs), over the built-in H200 ones
     gemv_configs: Path | None = None
+    # model.gemv's and model.decode_attention's kernels by programmatic dependent launch where the GPU has it (compute
+    # capability 9.0+; model.launch_overlap): their weight reads overlap the kernel before. False: plain launches
+    programmatic_launch: bool = True
     # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
     # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
     # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
@@ -183,6 +186,9 @@ class Backend:
         self.config = config
         folder = config.checkpoint or default_checkpoint()
         self.device = _pick_device(config.device)
+        # before the kernels' self-checks, which then launch as the step will (process-wide, as gemv.MODE)
+        launch_overlap.MODE = "auto" if config.programmatic_launch else "off"
+        self.programmatic_launch = launch_overlap.enabled(self.device)
         if self.device.type == "cpu" and config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)  # process-wide: the engine is the process's torch user
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16

@@ -610,3 +610,66 @@ def test_one_row_gemv_kernels_at_full_size_bf16() -> None:
             got = gemv.launch(x, w, norm, residual, 1e-6, swiglu, config=config).float()
             err = ((got - exact).norm() / exact.norm()).item()
             assert err <= max(1.5 * eager_err, 4e-3), (n, k, fused, config, err, eager_err)
+
+
+def _slow_layers_chain(x, weights, k_cache, v_cache, pos, rope):
+    """The one-row slow stack's kernels as the compiled step launches them (wqkv with norm, RoPE and cache writes; the
+    length attention with its merge; wo + residual; w1/w3 with norm; w2 with SwiGLU + residual), layer after layer."""
+    from model import decode_attention, gemv
+
+    for wqkv, wo, w13, w2, norm1, norm2 in weights:
+        qkv = gemv.launch(x, wqkv, norm1, None, 1e-6, rope=rope, rope_rows=1152, k_cache=k_cache, v_cache=v_cache,
+                          cache_pos=pos)  # fmt: skip
+        att = decode_attention.length_attention(qkv[:1024].view(1, 2, 8, 64), k_cache, v_cache, pos, 1)
+        h = gemv.launch(att.reshape(1024), wo, residual=x)
+        x = gemv.launch(gemv.launch(h, w13, norm2, None, 1e-6), w2, residual=h, swiglu=True)
+    return x
+
+
+@torch.inference_mode()
+def test_programmatic_launch_changes_no_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.launch_overlap: four full-size bf16 slow layers' kernels (the length attention split and merged) launched
+    with programmatic dependent launch, eagerly and replayed from a CUDA graph, give bitwise the outputs and caches
+    of plain launches: only the kernels' overlap in time changes, never what they read or write."""
+    from model import launch_overlap
+
+    if not launch_overlap._supported("cuda", torch.cuda.current_device()):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 (Hopper) or newer")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).bfloat16()
+
+    weights = [
+        (randn(1280, 1024, scale=0.03), randn(1024, 1024, scale=0.03), randn(8192, 1024, scale=0.03),
+         randn(1024, 4096, scale=0.016), randn(1024).abs() + 0.5, randn(1024).abs() + 0.5)
+        for _ in range(4)
+    ]  # fmt: skip
+    caches = (randn(1, 2, 2048, 64), randn(1, 2, 2048, 64))
+    pos = torch.tensor([1500], device="cuda")
+    angles = torch.rand(32, device="cuda", generator=gen) * 6
+    rope = torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(-1)
+    x = randn(1024)
+
+    def run(mode: str, graphed: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(launch_overlap, "MODE", mode)
+        k, v = caches[0].clone(), caches[1].clone()
+        out = _slow_layers_chain(x, weights, k, v, pos, rope)  # compiles the kernels (outside any capture)
+        if graphed:
+            k.copy_(caches[0])
+            v.copy_(caches[1])
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = _slow_layers_chain(x, weights, k, v, pos, rope)
+            for _ in range(3):  # the same inputs each time: the same writes
+                graph.replay()
+            torch.cuda.synchronize()
+        return [out.clone(), k, v]
+
+    plain = run("off", graphed=False)
+    assert launch_overlap.enabled(x.device) is False
+    for graphed in (False, True):
+        got = run("auto", graphed)
+        for a, b in zip(got, plain, strict=True):
+            assert torch.equal(a, b), f"programmatic launch changed a result (graphed: {graphed})"
+    assert plain[1][0, :, 1500].abs().sum() > 0 and not torch.equal(plain[1], caches[0])

@@ -187,6 +187,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--gemv-kernels", "off"]).gemv_kernels == "off"
     with pytest.raises(SystemExit, match="--gemv-kernels must be auto, on or off"):
         parse_settings(["--gemv-kernels", "fast"])
+    assert parse_settings([]).programmatic_launch == "auto"
+    assert parse_settings(["--programmatic-launch", "off"]).programmatic_launch == "off"
+    with pytest.raises(SystemExit, match="--programmatic-launch must be auto or off"):
+        parse_settings(["--programmatic-launch", "on"])
     assert parse_settings([]).vocoder_overlap == "auto"
     assert parse_settings(["--vocoder-overlap", "on"]).vocoder_overlap == "on"
     with pytest.raises(SystemExit, match="--vocoder-overlap must be auto, on or off"):

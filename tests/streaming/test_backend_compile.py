@@ -51,6 +51,20 @@ def test_gemv_kernels_are_refused_where_they_cannot_run() -> None:
         Backend(BackendConfig(max_sessions=2, gemv_kernels=True))
 
 
+def test_programmatic_launch_is_off_where_the_gpu_lacks_it() -> None:
+    """--programmatic-launch: model.launch_overlap's process-wide mode follows the flag, and a CPU engine (the
+    interpreter has no griddepcontrol) launches plainly either way."""
+    from model import launch_overlap
+
+    try:
+        for choice in (True, False):
+            backend = Backend(BackendConfig(max_sessions=2, programmatic_launch=choice))
+            assert ("auto" if choice else "off") == launch_overlap.MODE
+            assert backend.programmatic_launch is False and launch_overlap.launch_options(backend.device) == {}
+    finally:
+        launch_overlap.MODE = "auto"
+
+
 def test_gemv_configs_file_is_read_at_start_up_and_a_bad_one_named(tmp_path) -> None:
     """--gemv-configs: bench.gemv_sweep's JSON adds its launch configs (read even on CPU, where the kernels are off,
     so a bad file stops the start, naming the fix); an unlaunchable entry adds nothing."""
@@ -72,6 +86,10 @@ def test_gemv_configs_file_is_read_at_start_up_and_a_bad_one_named(tmp_path) -> 
         ):
             Backend(BackendConfig(max_sessions=2, gemv_configs=bad))
         assert (97, 64, "norm") not in gemv.CONFIGS
+        bad.write_text(json.dumps({"configs": [{**entry, "n": 98, "k_chunks": 8}]}))  # up to 4 pieces a program
+        with pytest.raises(ValueError, match=r"K_CHUNKS 1-4"):
+            Backend(BackendConfig(max_sessions=2, gemv_configs=bad))
+        assert (98, 64, "norm") not in gemv.CONFIGS
         with pytest.raises(ValueError, match=r"not a bench\.gemv_sweep result"):
             Backend(BackendConfig(max_sessions=2, gemv_configs=tmp_path / "missing.json"))
     finally:

@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (PDL) for the decode step's own Triton kernels (Hopper and newer).
+
+A one-row decode step is a chain of ~300 small kernels (model.gemv's products, model.decode_attention's two), each
+~2-7 µs, and about 2 µs of each is not reading memory: the launch, the first loads' latency, the tail. Launched with
+PDL, a kernel may start while the one before it still runs: it issues the reads that nothing earlier in the step
+writes (the weights) first, then waits (`griddepcontrol.wait`: every earlier kernel complete, its writes visible)
+before it reads the activations, the caches or anything else, and before it writes anything. Each of these kernels
+also lets the next one launch as soon as all of its own programs run (`griddepcontrol.launch_dependents`), so the
+weights of the next products stream in while this one finishes. Only the kernels' order in time changes: every
+kernel reads and writes exactly what it read and wrote before, so results are bitwise the same (GPU test), and a
+kernel launched without PDL (inductor's, cuBLAS's) waits for everything before it as usual.
+
+MODE "auto" (the default): on for CUDA devices of compute capability 9.0 or newer, off elsewhere (and in Triton's
+CPU interpreter, which has no such instruction); "off": plain launches (`--programmatic-launch off`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+MODE = "auto"
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether the kernels launch on `device` with PDL (MODE, the device's compute capability)."""
+    return MODE == "auto" and _supported(device.type, device.index)
+
+
+@functools.cache
+def _supported(device_type: str, index: int | None) -> bool:
+    if device_type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def launch_options(device: torch.device) -> dict[str, bool]:
+    """The Triton launch keyword for `device`: {"launch_pdl": True} with PDL, else none (the interpreter takes none)."""
+    return {"launch_pdl": True} if enabled(device) else {}
