@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # BATCHES (default 1): the buckets to time (the one-row one traced); run 26 call 5: 1,4,8 (gemv's few-row kernels).
+# Run 27 call 2: BATCHES=1,4,8 VARIANTS=engine_tuned_gemv_pdl,engine_tuned_gemv,engine_tuned_gemv8_pdl
+#   TESTS='programmatic or gemv or compiled_step_equals_eager or tuned_one_row' (programmatic dependent launch).
 # Run 26: GEMV_SWEEP=<seconds> first measures model.gemv's launch configs (bench/gemv_sweep.py) and hands them to the
 # step variants (engine_tuned_gemv). Run 25: the tuned one-row decode step's kernels in launch order (grid, block, gaps) and inductor's generated code
 # for it (call 1 also timed the same step tuned with coordinate descent in every direction: VARIANTS=...), then the

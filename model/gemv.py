@@ -12,8 +12,8 @@ BLOCK_N outputs, with, as asked:
 - RoPE behind (`rope`): the query and key heads of wqkv's output rotated for the row's position;
 - the KV-cache writes behind (`attention_input`): wqkv's keys and values stored at the row's position, a custom op
   that mutates the cache views (inductor reinplaces it: no copies).
-Up to KERNEL_MAX_ROWS rows a launch: the rows run one after another over the program's weight rows, which only the
-first reads from memory (MAX_ROWS decides how many rows the compiled regions hand it).
+Up to KERNEL_MAX_ROWS rows a launch: the rows run one after another over the program's weight rows, read once into
+registers (MAX_ROWS decides how many rows the compiled regions hand it).
 Every fused op rounds where the eager op does (the norm's fp32 result to the model dtype, then its scale; silu, then
 the product with up; the product before the residual add), so the result differs from the eager chain only by the
 GEMV's summation order. Launch configs per weight shape come from `bench/gemv_sweep.py` on the H200 (CONFIGS);
@@ -21,7 +21,9 @@ shapes not in the table get a rule of thumb.
 
 Inside compiled regions the product is a custom op (opaque to inductor, like model.decode_attention's kernel).
 `layers.TransformerBlock` and the heads call it for one-row decode steps when MODE is "auto" (the engine sets MODE:
-`--gemv-kernels`). H200 run 26: the one-row step 2.16 → 1.57 ms (722 → 434 kernels).
+`--gemv-kernels`). H200 run 26: the one-row step 2.16 → 1.57 ms (722 → 434 kernels). Launched with programmatic
+dependent launch where the GPU has it (model.launch_overlap), a program reads its weight rows before it waits for the
+kernels before it: run 27, 1.64 → 1.45 ms in one call.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ MODE = "auto"
 MAX_TILE = 32768  # weight elements one program may hold (BLOCK_N × the chunk length × K_CHUNKS)
 MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 4.3 TB/s already) stay with inductor
 # rows a product may have inside the compiled regions (the engine compiles buckets of 1-8 rows): each program reads
-# its weight rows once and multiplies them by every row. 1 until the few-row buckets are measured on the GPU (the
-# kernels take up to KERNEL_MAX_ROWS; `bench.step_variants --variants compiled_length_4096_gemv8` measures 8)
+# its weight rows once and multiplies them by every row, one row after another. 1: H200 run 27 measured the kernels
+# slower than inductor and cuBLAS for the few-row buckets (4 rows 3.19 against 3.06 ms, 8 rows 5.45 against 3.46 ms;
+# `bench.step_variants --variants engine_tuned_gemv8_pdl`)
 MAX_ROWS = 1
 KERNEL_MAX_ROWS = 8
 MAX_K_CHUNKS = 4  # pieces a program's weight rows are read in (all of them into registers before any product)

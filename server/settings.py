@@ -94,8 +94,8 @@ class Settings:
         default="auto",
         metadata={"help": "auto | off: the decode step's own Triton kernels (--gemv-kernels, --length-attention) "
                   "launched with programmatic dependent launch, so each one's weight reads start while the kernel "
-                  "before it still runs (results bitwise the same). auto = on for CUDA GPUs of compute capability "
-                  "9.0 (Hopper) or newer"},
+                  "before it still runs (results bitwise the same; H200 run 27: batch-1 step 1.64 -> 1.45 ms). "
+                  "auto = on for CUDA GPUs of compute capability 9.0 (Hopper) or newer"},
     )  # fmt: skip
     gemv_configs: Path | None = field(
         default=None,
