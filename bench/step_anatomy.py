@@ -1,5 +1,6 @@
 """One decode step's kernels in launch order, from a profiler Chrome trace (`step_variants --trace-dir`): each
-kernel's time, the idle gap before it, its grid and block, so a slow kernel can be told apart from a starved one
+kernel's time, the idle gap before it, its exposed time (the part not overlapped by the kernels before it, which
+launched with PDL can start early and wait inside), its grid and block, so a slow kernel can be told apart from a starved one
 (a GEMV on a handful of CTAs) and from the gaps between kernels. Prints the sequence and a by-name summary.
 Usage: python -m bench.step_anatomy TRACE.json [--first N]
 """
@@ -47,27 +48,46 @@ def main() -> None:
     if not ks:
         raise SystemExit("no kernels in the trace")
     span = ks[-1]["ts"] + ks[-1]["dur"] - ks[0]["ts"]
-    busy = sum(k["dur"] for k in ks)
-    print(f"{len(ks)} kernels, span {span:.1f} us, busy {busy:.1f} us, idle {span - busy:.1f} us")
-    print(f"{'#':>4s} {'gap':>6s} {'us':>6s} {'CTAs':>6s} {'block':>12s}  name")
-    end = ks[0]["ts"]
-    for i, k in enumerate(ks):
-        gap = k["ts"] - end
-        end = k["ts"] + k["dur"]
+    exposed = exposed_times(ks)
+    busy = sum(exposed)
+    print(f"{len(ks)} kernels, span {span:.1f} us, busy {busy:.1f} us, idle {span - busy:.1f} us "
+          f"(kernel durations add up to {sum(k['dur'] for k in ks):.1f} us)")  # fmt: skip
+    print(f"{'#':>4s} {'gap':>6s} {'us':>6s} {'exposed':>7s} {'CTAs':>6s} {'block':>12s}  name")
+    frontier = ks[0]["ts"]
+    for i, (k, shown) in enumerate(zip(ks, exposed, strict=True)):
+        gap = k["ts"] - frontier  # negative: it started before the kernels in front of it had ended (PDL)
+        frontier = max(frontier, k["ts"] + k["dur"])
         if i < args.first:
             block = "x".join(str(b) for b in k["block"])
-            print(f"{i:4d} {gap:6.1f} {k['dur']:6.1f} {ctas(k['grid']):6d} {block:>12s}  {k['name'][:110]}")
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-    end = ks[0]["ts"]
-    for k in ks:
+            print(
+                f"{i:4d} {gap:6.1f} {k['dur']:6.1f} {shown:7.1f} {ctas(k['grid']):6d} {block:>12s}  {k['name'][:110]}"
+            )
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    frontier = ks[0]["ts"]
+    for k, shown in zip(ks, exposed, strict=True):
         row = by_name[k["name"][:110]]
         row[0] += 1
         row[1] += k["dur"]
-        row[2] += max(0.0, k["ts"] - end)
+        row[2] += shown
+        row[3] += max(0.0, k["ts"] - frontier)
+        frontier = max(frontier, k["ts"] + k["dur"])
+    print(f"\n{'count':>5s} {'us':>8s} {'exposed':>8s} {'us/call':>8s} {'gaps':>7s}  name")
+    for name, (n, us, shown, gaps) in sorted(by_name.items(), key=lambda kv: -kv[1][2]):
+        print(f"{int(n):5d} {us:8.1f} {shown:8.1f} {shown / n:8.2f} {gaps:7.1f}  {name}")
+
+
+def exposed_times(ks: list[dict[str, Any]]) -> list[float]:
+    """Each kernel's time on the step's critical path as the trace shows it: how far its end moves the latest end so
+    far. Without overlap that is its duration; with programmatic dependent launch (model.launch_overlap) a kernel
+    starts while the one before it runs and waits inside, so its duration counts that wait and only this part is its
+    own. They add up to the time the GPU had a kernel running."""
+    out = []
+    frontier = ks[0]["ts"]
+    for k in ks:
         end = k["ts"] + k["dur"]
-    print(f"\n{'count':>5s} {'us':>8s} {'us/call':>8s} {'gaps':>7s}  name")
-    for name, (n, us, gaps) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-        print(f"{int(n):5d} {us:8.1f} {us / n:8.2f} {gaps:7.1f}  {name}")
+        out.append(max(0.0, end - max(k["ts"], frontier)))
+        frontier = max(frontier, end)
+    return out
 
 
 if __name__ == "__main__":
