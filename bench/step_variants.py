@@ -68,7 +68,6 @@ class Variant:
     gemv: bool = False  # one-row compiled blocks and codebook heads by model.gemv's fused kernels (run 26)
     gemv_rows: int = 1  # ... and those of up to this many rows (gemv.MAX_ROWS)
     pdl: bool = False  # model.gemv's and model.decode_attention's kernels by programmatic dependent launch (run 27)
-    attention_trigger_first: bool = True  # with pdl: the attention kernels let the next launch at their start
 
 
 VARIANTS = {
@@ -106,15 +105,6 @@ VARIANTS = {
     "engine_tuned_gemv_pdl": Variant(
         compiled=True, length_attention=True, cache_len=4096, tune_single_row=True, gemv=True, pdl=True
     ),
-    "engine_tuned_gemv_pdl_attn_late": Variant(
-        compiled=True,
-        length_attention=True,
-        cache_len=4096,
-        tune_single_row=True,
-        gemv=True,
-        pdl=True,
-        attention_trigger_first=False,
-    ),
     "engine_tuned_gemv8_pdl": Variant(
         compiled=True,
         length_attention=True,
@@ -136,7 +126,6 @@ def apply(model: DualARTransformer, v: Variant) -> None:
     gemv.MODE = "auto" if v.gemv else "off"
     gemv.MAX_ROWS = v.gemv_rows
     launch_overlap.MODE = "auto" if v.pdl else "off"
-    launch_overlap.ATTENTION_TRIGGER_FIRST = v.attention_trigger_first
     if not v.fast_length_attention:
         for module in model.fast_layers.modules():
             if isinstance(module, Attention):

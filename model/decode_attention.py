@@ -138,15 +138,13 @@ def _launch(
         *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *out.stride()[:3],
         1.0 / math.sqrt(dim), length, split_len, lengths.stride(0), length_offset,
         GROUP=group, GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, BLOCK=BLOCK_N, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, PDL=pdl, TRIGGER_FIRST=launch_overlap.ATTENTION_TRIGGER_FIRST,
-        **launch_overlap.launch_options(q.device),
+        IEEE=q.dtype == torch.float32, PDL=pdl, **launch_overlap.launch_options(q.device),
     )  # fmt: skip
     if splits > 1:
         _length_attention_merge[(bsz, kv_heads, group)](
             peak, total, acc, out, lengths, *out.stride()[:3], length, split_len, lengths.stride(0), length_offset,
             GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, SPLITS=splits,
-            CHUNK=min(MERGE_CHUNK, triton.next_power_of_2(splits)), PDL=pdl,
-            TRIGGER_FIRST=launch_overlap.ATTENTION_TRIGGER_FIRST, **launch_overlap.launch_options(q.device),
+            CHUNK=min(MERGE_CHUNK, triton.next_power_of_2(splits)), PDL=pdl, **launch_overlap.launch_options(q.device),
         )  # fmt: skip
     return out
 
@@ -167,14 +165,10 @@ if AVAILABLE:
         scale, length_bucket, split_len, s_len, length_offset,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
         BLOCK: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-        TRIGGER_FIRST: tl.constexpr,
     ):  # fmt: skip
-        if PDL:  # model.launch_overlap: every read here waits for the kernels before; the next may launch at once, or
-            if TRIGGER_FIRST:  # once all of this kernel's programs are past their wait
-                tl.extra.cuda.gdc_launch_dependents()
+        if PDL:  # model.launch_overlap: the next kernel may launch now; every read here waits for the ones before
+            tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-            if TRIGGER_FIRST == 0:
-                tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -224,14 +218,11 @@ if AVAILABLE:
     def _length_attention_merge(
         m_ptr, l_ptr, acc_ptr, out_ptr, len_ptr, so_b, so_h, so_g, length_bucket, split_len, s_len, length_offset,
         GROUP_PAD: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS: tl.constexpr,
-        CHUNK: tl.constexpr, PDL: tl.constexpr, TRIGGER_FIRST: tl.constexpr,
+        CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         if PDL:  # as in the split kernel
-            if TRIGGER_FIRST:
-                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-            if TRIGGER_FIRST == 0:
-                tl.extra.cuda.gdc_launch_dependents()
         # one program per query head: CHUNK splits at a time as one (CHUNK, DIM_PAD) tile, so a one-row step's
         # 16 heads × up to 64 splits merge in one pass each (a loop over the splits, one program per kv head, took
         # 13-14 µs a layer: H200 run 25)

@@ -22,10 +22,6 @@ import os
 import torch
 
 MODE = "auto"
-# the attention kernels let the next kernel launch at their start (True) or only once all of their programs are past
-# the wait (False): then the next products' weight reads cannot compete with the attention's key and value reads
-# (run 27's trace: the split kernel's exposed time 2.7 → 4.1 µs with the cascade of early launches behind it)
-ATTENTION_TRIGGER_FIRST = True
 
 
 def enabled(device: torch.device) -> bool:

@@ -668,9 +668,8 @@ def test_programmatic_launch_changes_no_result(monkeypatch: pytest.MonkeyPatch) 
 
     plain = run("off", graphed=False)
     assert launch_overlap.enabled(x.device) is False
-    for first, graphed in itertools.product((True, False), (False, True)):
-        monkeypatch.setattr(launch_overlap, "ATTENTION_TRIGGER_FIRST", first)  # where the attention lets the next go
+    for graphed in (False, True):
         got = run("auto", graphed)
         for a, b in zip(got, plain, strict=True):
-            assert torch.equal(a, b), f"programmatic launch changed a result (graphed {graphed}, trigger first {first})"
+            assert torch.equal(a, b), f"programmatic launch changed a result (graphed: {graphed})"
     assert plain[1][0, :, 1500].abs().sum() > 0 and not torch.equal(plain[1], caches[0])
