@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from bench.step_anatomy import ctas, kernels
+from bench.step_anatomy import ctas, exposed_times, kernels
 
 TRACE = {
     "traceEvents": [
@@ -37,6 +37,21 @@ def test_the_printout_has_span_busy_idle_and_the_summary(tmp_path) -> None:
         [sys.executable, "-m", "bench.step_anatomy", str(path)], capture_output=True, text=True, check=True
     ).stdout
     # span 10 → 30 µs, busy 3 + 1 + 5 + 4 = 13, idle 7 (gaps 1, 5, 1)
-    assert out.splitlines()[0] == "4 kernels, span 20.0 us, busy 13.0 us, idle 7.0 us"
+    assert (
+        out.splitlines()[0] == "4 kernels, span 20.0 us, busy 13.0 us, idle 7.0 us (kernel durations add up to 13.0 us)"
+    )
     summary = out.split("name\n")[-1].splitlines()
-    assert summary[0].split()[:5] == ["2", "9.0", "4.50", "6.0", "triton_w2"]  # 2 calls, 9 µs, gaps 5 + 1
+    # 2 calls, 9 µs, all of it exposed (no overlap): 4.5 a call, gaps 5 + 1
+    assert summary[0].split()[:6] == ["2", "9.0", "9.0", "4.50", "6.0", "triton_w2"]
+
+
+def test_overlapping_kernels_count_only_their_exposed_part() -> None:
+    """Kernels launched with programmatic dependent launch start before the one in front has ended and wait inside:
+    each counts only how far it moves the latest end, so the parts add up to the time a kernel ran (not 2 × it)."""
+    ks = [
+        {"ts": 0.0, "dur": 5.0},  # alone: all of it
+        {"ts": 2.0, "dur": 6.0},  # started inside the first: 5 → 8, 3 of its own
+        {"ts": 3.0, "dur": 2.0},  # wholly inside the ones before: nothing of its own
+        {"ts": 10.0, "dur": 1.0},  # after a 2 µs gap: all of it
+    ]
+    assert exposed_times(ks) == [5.0, 3.0, 0.0, 1.0]
