@@ -33,6 +33,10 @@ def enabled(device: torch.device) -> bool:
 def _supported(device_type: str, index: int | None) -> bool:
     if device_type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
+    try:  # Triton 3.3 brought the launch option and the grid-dependency instructions (torch 2.11 ships 3.6)
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 

@@ -190,6 +190,10 @@ class Backend:
         # before the kernels' self-checks, which then launch as the step will (process-wide, as gemv.MODE)
         launch_overlap.MODE = "auto" if config.programmatic_launch else "off"
         self.programmatic_launch = launch_overlap.enabled(self.device)
+        if self.device.type == "cuda":
+            why_off = "off (--programmatic-launch off, a GPU before Hopper, or a Triton before 3.3)"
+            log.info("programmatic dependent launch for the step's Triton kernels: %s",
+                     "on" if self.programmatic_launch else why_off)  # fmt: skip
         if self.device.type == "cpu" and config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)  # process-wide: the engine is the process's torch user
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
