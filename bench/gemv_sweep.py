@@ -16,7 +16,6 @@ import argparse
 import itertools
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,30 +26,18 @@ from model import gemv
 L2_BYTES = 60 << 20  # H200: 50 MiB of L2; the weights of one graph span at least 4× that
 
 
-@dataclass(frozen=True)
-class Product:
-    name: str
-    n: int
-    k: int
-    fused: str  # "plain", "norm" or "swiglu"
-    residual: bool
-    rope_rows: int = 0  # outputs rotated in heads of 64 (wqkv's query and key heads)
-
-
+# the full-size Fish 1.5 DualAR's one-row products (DualARTransformer.one_row_products), and its text head
 PRODUCTS = {
-    p.name: p
-    for p in (
-        Product("wqkv", 1280, 1024, "norm", False, rope_rows=1152),
-        Product("wo", 1024, 1024, "plain", True),
-        Product("w13", 8192, 1024, "norm", False),
-        Product("w2", 1024, 4096, "swiglu", True),
-        Product("fast_head", 1024, 1024, "norm", False),
-        Product("token_head", 102048, 1024, "norm", False),
-    )
+    "wqkv": gemv.Product(1280, 1024, "norm", rope_rows=1152, head_dim=64),
+    "wo": gemv.Product(1024, 1024, "plain", residual=True),
+    "w13": gemv.Product(8192, 1024, "norm"),
+    "w2": gemv.Product(1024, 4096, "swiglu", residual=True),
+    "fast_head": gemv.Product(1024, 1024, "norm"),
+    "token_head": gemv.Product(102048, 1024, "norm"),
 }
 
 
-def grid(p: Product) -> list[tuple[int, int, int]]:
+def grid(p: gemv.Product) -> list[tuple[int, int, int]]:
     """(BLOCK_N, K_CHUNKS, num_warps) candidates: tiles of 2-64 K elements per program, 2-128 per thread."""
     import triton
 
@@ -67,7 +54,7 @@ def grid(p: Product) -> list[tuple[int, int, int]]:
     return out
 
 
-def inputs(p: Product, copies: int, gen: torch.Generator) -> dict[str, Any]:
+def inputs(p: gemv.Product, copies: int, gen: torch.Generator) -> dict[str, Any]:
     dev, bf = "cuda", torch.bfloat16
     weights = [(torch.randn(p.n, p.k, device=dev, generator=gen) / p.k**0.5).to(bf) for _ in range(copies)]
     width = 2 * p.k if p.fused == "swiglu" else p.k
@@ -76,11 +63,11 @@ def inputs(p: Product, copies: int, gen: torch.Generator) -> dict[str, Any]:
         "x": torch.randn(width, device=dev, generator=gen).to(bf),
         "norm": (torch.rand(p.k, device=dev, generator=gen) + 0.5).to(bf) if p.fused == "norm" else None,
         "residual": torch.randn(p.n, device=dev, generator=gen).to(bf) if p.residual else None,
-        "rope": torch.rand(64, device=dev, generator=gen) if p.rope_rows else None,  # (cos, sin) stand-ins
+        "rope": torch.rand(p.head_dim, device=dev, generator=gen) if p.rope_rows else None,  # (cos, sin) stand-ins
     }
 
 
-def check(p: Product, io: dict[str, Any], config: tuple[int, int, int] | None) -> float:
+def check(p: gemv.Product, io: dict[str, Any], config: tuple[int, int, int] | None) -> float:
     """Relative error of the kernel against gemv.reference in fp32 on the same bf16 values."""
     w = io["weights"][0]
     swiglu, rope = p.fused == "swiglu", io["rope"]
@@ -90,7 +77,7 @@ def check(p: Product, io: dict[str, Any], config: tuple[int, int, int] | None) -
     return ((got - want).norm() / want.norm()).item()
 
 
-def time_us(p: Product, io: dict[str, Any], config: tuple[int, int, int] | None, replays: int = 12) -> float:
+def time_us(p: gemv.Product, io: dict[str, Any], config: tuple[int, int, int] | None, replays: int = 12) -> float:
     """Median µs per launch in a CUDA graph of one launch per weight copy."""
 
     def run() -> None:
@@ -119,7 +106,7 @@ def time_us(p: Product, io: dict[str, Any], config: tuple[int, int, int] | None,
 
 
 @torch.inference_mode()
-def sweep(p: Product, deadline: float) -> dict[str, Any]:
+def sweep(name: str, p: gemv.Product, deadline: float) -> dict[str, Any]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     weight_bytes = p.n * p.k * 2
     copies = max(2, min(64, -(-4 * L2_BYTES // weight_bytes)))
@@ -144,7 +131,13 @@ def sweep(p: Product, deadline: float) -> dict[str, Any]:
     best = min(timed, key=lambda r: r["us"]) if timed else None
     del io
     torch.cuda.empty_cache()
-    return {"product": p.__dict__, "copies": copies, "rows": rows, "best": best, "rule_of_thumb": rows[0]}
+    return {
+        "product": {"name": name, **p._asdict()},
+        "copies": copies,
+        "rows": rows,
+        "best": best,
+        "rule_of_thumb": rows[0],
+    }
 
 
 def main() -> None:
@@ -159,7 +152,7 @@ def main() -> None:
     for i, name in enumerate(names):
         p = PRODUCTS[name]
         share = (args.budget_s - (time.monotonic() - t0)) / (len(names) - i)
-        r = sweep(p, time.monotonic() + share)
+        r = sweep(name, p, time.monotonic() + share)
         results.append(r)
         best, rule = r["best"], r["rule_of_thumb"]
         if best is not None:
