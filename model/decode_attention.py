@@ -126,7 +126,7 @@ def _launch(
     split_len = -(-split_len // BLOCK_N) * BLOCK_N  # whole blocks per split
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs 16 rows at least
     out = torch.empty(bsz, kv_heads, group, dim, dtype=q.dtype, device=q.device)
-    pdl = launch_overlap.enabled(q.device)  # the next kernel may launch early; these wait before any read
+    pdl = launch_overlap.kernel_options(q.device)  # the next kernel may launch early; these wait before any read
     if splits == 1:
         peak = total = acc = out  # unused: the kernel normalises and writes `out` itself
     else:
@@ -138,13 +138,13 @@ def _launch(
         *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3], *out.stride()[:3],
         1.0 / math.sqrt(dim), length, split_len, lengths.stride(0), length_offset,
         GROUP=group, GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, BLOCK=BLOCK_N, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, PDL=pdl, **launch_overlap.launch_options(q.device),
+        IEEE=q.dtype == torch.float32, **pdl,
     )  # fmt: skip
     if splits > 1:
         _length_attention_merge[(bsz, kv_heads, group)](
             peak, total, acc, out, lengths, *out.stride()[:3], length, split_len, lengths.stride(0), length_offset,
             GROUP_PAD=group_pad, DIM=dim, DIM_PAD=dim_pad, SPLITS=splits,
-            CHUNK=min(MERGE_CHUNK, triton.next_power_of_2(splits)), PDL=pdl, **launch_overlap.launch_options(q.device),
+            CHUNK=min(MERGE_CHUNK, triton.next_power_of_2(splits)), **pdl,
         )  # fmt: skip
     return out
 

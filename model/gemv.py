@@ -363,8 +363,8 @@ def launch(
         *(vc.stride(i) if cached else 0 for i in range(3)),
         ROWS=rows, PROLOGUE=prologue, RESIDUAL=residual is not None, ROPE=table is not None, CACHE=cached,
         HALF_HEAD=1 if table is None else table.shape[1] // 2, BLOCK_N=block_n, BLOCK_K=block_k,
-        K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), PDL=launch_overlap.enabled(x.device),
-        num_warps=num_warps, **launch_overlap.launch_options(x.device),
+        K_CHUNKS=triton.cdiv(k, block_k), NORM_PAD=triton.next_power_of_2(k), num_warps=num_warps,
+        **launch_overlap.kernel_options(x.device),
     )  # fmt: skip
     return out
 

@@ -40,6 +40,7 @@ def _supported(device_type: str, index: int | None) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
-def launch_options(device: torch.device) -> dict[str, bool]:
-    """The Triton launch keyword for `device`: {"launch_pdl": True} with PDL, else none (the interpreter takes none)."""
-    return {"launch_pdl": True} if enabled(device) else {}
+def kernel_options(device: torch.device) -> dict[str, bool]:
+    """The launch keywords of one of these kernels on `device`: its PDL constexpr (which places the wait and the
+    trigger) and, with PDL, Triton's launch_pdl; the two always agree (the interpreter takes no launch_pdl)."""
+    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}

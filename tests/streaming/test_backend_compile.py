@@ -60,7 +60,9 @@ def test_programmatic_launch_is_off_where_the_gpu_lacks_it() -> None:
         for choice in (True, False):
             backend = Backend(BackendConfig(max_sessions=2, programmatic_launch=choice))
             assert ("auto" if choice else "off") == launch_overlap.MODE
-            assert backend.programmatic_launch is False and launch_overlap.launch_options(backend.device) == {}
+            assert backend.programmatic_launch is False and launch_overlap.kernel_options(backend.device) == {
+                "PDL": False
+            }
     finally:
         launch_overlap.MODE = "auto"
 
