@@ -115,12 +115,11 @@ class DualARTransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, TransformerBlock) and module.feed_forward.w13 is not None:
                 a = module.attention
-                add(a.wqkv.weight, "norm", rope_rows=a.dim + a.n_local_heads * a.head_dim, head_dim=a.head_dim)
+                add(a.wqkv.weight, "norm", rope_rows=a.qk_width, head_dim=a.head_dim)
                 add(a.wo.weight, "plain", residual=True)
                 add(module.feed_forward.w13, "norm")
                 add(module.feed_forward.w2.weight, "swiglu", residual=True)
-        token_head = self.embeddings.weight if self.output is None else self.output.weight
-        for head in (self.fast_output.weight, token_head):
+        for head in (self.fast_output.weight, self.token_head_weight):
             if head.shape[0] <= gemv.MAX_HEAD_ROWS:
                 add(head, "norm")
         return out
@@ -165,11 +164,15 @@ class DualARTransformer(nn.Module):
         """True where a token id is a semantic (audio frame) token, elementwise."""
         return (tokens >= self.semantic_begin_id) & (tokens <= self.semantic_end_id)
 
+    @property
+    def token_head_weight(self) -> torch.Tensor:
+        """The text head's weight: its own output layer's, or the tied embeddings'."""
+        return self.embeddings.weight if self.output is None else self.output.weight
+
     @region
     def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embeddings.weight if self.output is None else self.output.weight
-        if self._head_by_gemv(hidden, weight, self.output):
-            return gemv.linear(hidden, weight, self.norm.weight, self.norm.eps)
+        if self._head_by_gemv(hidden, self.token_head_weight, self.output):
+            return gemv.linear(hidden, self.token_head_weight, self.norm.weight, self.norm.eps)
         normed = self.norm(hidden)
         if self.output is not None:
             return self.output(normed)

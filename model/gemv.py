@@ -339,10 +339,9 @@ def launch(
     table = None if rope is None else rope.reshape(-1, rope.shape[-1])
     if table is not None:
         assert table.shape[0] in (1, rows) and table.stride(-1) == 1 and rope_rows % table.shape[1] == 0
-    cached = k_cache is not None and v_cache is not None and cache_pos is not None
-    kc, vc, pos = x, x, x  # stand-ins the kernel never touches without the caches
+    kc, vc, pos, cached = x, x, x, False  # stand-ins the kernel never touches without the caches
     if k_cache is not None and v_cache is not None and cache_pos is not None:
-        kc, vc, pos = k_cache, v_cache, cache_pos
+        kc, vc, pos, cached = k_cache, v_cache, cache_pos, True
         assert table is not None
         assert kc.stride(-1) == 1 and vc.stride(-1) == 1 and kc.shape[0] == rows == vc.shape[0]
         assert kc.shape[1] * kc.shape[3] == n - rope_rows == vc.shape[1] * vc.shape[3]

@@ -116,6 +116,7 @@ class Attention(nn.Module):
         self.n_local_heads = n_local_heads
         self.head_dim = dim // n_head
         self.dim = dim
+        self.qk_width = (n_head + n_local_heads) * self.head_dim  # wqkv's query and key heads: what RoPE rotates
         self.wqkv = Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=qkv_bias)
         self.wo = Linear(dim, dim, bias=False)
 
@@ -144,11 +145,10 @@ class Attention(nn.Module):
         """Everything between the two projections: RoPE (unless `rotated`: qkv's query and key heads come rotated),
         the cache writes (unless `cached`: the caller wrote qkv's keys and values), attention → (B, T, dim)."""
         bsz, seqlen, _ = qkv.shape
-        kv_size = self.n_local_heads * self.head_dim
         # RoPE over the q and k heads in one pass: the same arithmetic per element, half the kernel launches
-        qk = qkv[..., : self.dim + kv_size].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
+        qk = qkv[..., : self.qk_width].view(bsz, seqlen, self.n_head + self.n_local_heads, self.head_dim)
         q, k = (qk if rotated else apply_rope(qk, freqs)).split([self.n_head, self.n_local_heads], dim=2)
-        v = qkv[..., self.dim + kv_size :].view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        v = qkv[..., self.qk_width :].view(bsz, seqlen, self.n_local_heads, self.head_dim)
 
         group = self.n_head // self.n_local_heads
         # Query head h reads kv head h // group (upstream's repeat_interleave). Folding the group into the query
@@ -278,15 +278,15 @@ class TransformerBlock(nn.Module):
         attention, ff = self.attention, self.feed_forward
         assert ff.w13 is not None
         norm1, norm2 = self.attention_norm, self.ffn_norm
-        rope_rows = attention.dim + attention.n_local_heads * attention.head_dim  # the query and key heads
-        cached = k_cache is not None and v_cache is not None and input_pos is not None
-        if cached:  # the keys and values go into the caches from the same kernel
-            assert k_cache is not None and v_cache is not None and input_pos is not None
+        rope_rows = attention.qk_width
+        if k_cache is not None and v_cache is not None and input_pos is not None:  # keys, values written by the kernel
             qkv = gemv.attention_input(
                 x, attention.wqkv.weight, norm1.weight, norm1.eps, freqs, rope_rows, k_cache, v_cache, input_pos
             )
+            cached = True
         else:
             qkv = gemv.linear(x, attention.wqkv.weight, norm1.weight, norm1.eps, rope=freqs, rope_rows=rope_rows)
+            cached = False
         y = attention.attend(qkv, freqs, k_cache, v_cache, input_pos, mask, rotated=True, cached=cached)
         h = gemv.linear(y, attention.wo.weight, residual=x)
         gate_up = gemv.linear(h, ff.w13, norm2.weight, norm2.eps)
