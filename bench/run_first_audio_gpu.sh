@@ -14,6 +14,8 @@
 # also check that a warm start no longer re-tunes the one-row step's kernels.
 # (--prefill-hold-at-risk was removed after run 24.) Next: VARIANTS="--prefill-hold-for low;--prefill-hold-below-s off;
 # --prefill-hold-for low" with LEVELS including 300:low (holds only for latency-low streams, against none).
+# Run 28: VARIANTS="--pace-lead-s off;default" LEVELS="300 384" WARM_LEVELS="300 384": pacing (default 1.5 s)
+# against off; the first server runs the defaults.
 # Run 22's calls 2-3 ran earlier versions of this script (at 9d2ca48 and 6185f9e: first chunks, then the chunks of
 # nearly dry clients, vocoded in the turn that completed them; both measured worse and were removed).
 set -u

@@ -54,6 +54,9 @@ def attribution(before: dict[str, float], after: dict[str, float]) -> dict[str, 
            for k in ("wait", "prefill", "decode")},
         # turns that held new prompts back for a nearly dry client
         "prefill_holds": d.get("prefill_holds", 0.0),
+        # turns in which streams far ahead of their clients sat out (--pace-lead-s), and rows paced a step
+        "paced_turns": d.get("paced_turns", 0.0),
+        "paced_rows_per_step": d.get("paced_rows", 0.0) / max(d.get("steps", 0.0), 1.0),
         # the GPU's time a turn on prompts (with first frames), steps and vocoder calls (beside the step when it runs
         # there), and the vocoder's graphs' time alone (timed at capture)
         **{f"{k}_device_ms": 1000 * d.get(f"{k}_device_seconds", 0.0) / turns for k in ("prefill", "step", "vocode")},
@@ -83,7 +86,8 @@ def main() -> None:
         print(
             f"  first audio on the worker, mean of {a['first_audio_utterances']:.0f} utterances: wait "
             f"{a['first_audio_wait_ms']:.1f} + prompt {a['first_audio_prefill_ms']:.1f} + first chunk "
-            f"{a['first_audio_decode_ms']:.1f} ms; turns holding prompts {a['prefill_holds']:.0f}"
+            f"{a['first_audio_decode_ms']:.1f} ms; turns holding prompts {a['prefill_holds']:.0f}; paced turns "
+            f"{a['paced_turns']:.0f} ({a['paced_rows_per_step']:.1f} rows paced a step)"
         )
 
 

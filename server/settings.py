@@ -211,6 +211,14 @@ class Settings:
                   "latency streams' p95 first audio was 148-187 ms against 176-259 ms with them, no underruns at "
                   "300; latency low streams underran 12-34 %% without them)"},
     )  # fmt: skip
+    pace_lead_s: float | None = field(
+        default=1.5,
+        metadata={"help": "while some stream needs audio soon (its prompt is being written, or its client has under "
+                  "0.5 s of audio ahead), streams whose clients have more than this many seconds of audio ahead of "
+                  "playback sit out the turn: their frames would cost vocoder and host time in every turn that the "
+                  "newcomers' first audio waits on. Codes and audio are unchanged, only when they are made. off: every "
+                  "stream advances every turn (a batch request alone is never paced)", "shown_default": "1.5"},
+    )  # fmt: skip
     prefill_hold_max_s: float = field(
         default=0.25,
         metadata={"help": "the longest new prompts wait at a time under --prefill-hold-below-s, so a burst still "
@@ -326,6 +334,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --prefill-step-share must be in (0, 16] (e.g. 1) or off")
     if settings.prefill_hold_below_s is not None and not 0 < settings.prefill_hold_below_s <= 5:
         raise SystemExit("fishgate: --prefill-hold-below-s must be in (0, 5] seconds (e.g. 0.1) or off")
+    if settings.pace_lead_s is not None and not 0.5 < settings.pace_lead_s <= 60:
+        raise SystemExit("fishgate: --pace-lead-s must be in (0.5, 60] seconds (e.g. 1.5) or off")
     if not 0 <= settings.prefill_hold_max_s <= 5:
         raise SystemExit("fishgate: --prefill-hold-max-s must be in [0, 5] seconds")
     if not 0 <= settings.admission_wait_s <= 60:

@@ -295,6 +295,10 @@ class Engine:
             "errors": s.errors,
             "prefill_holds": s.prefill_holds,
             "refills": s.refills,
+            # decoding turns in which streams far ahead of their clients sat out (--pace-lead-s), and the frames not
+            # made in them (one per stream and turn)
+            "paced_turns": s.paced_turns,
+            "paced_rows": s.paced_rows,
             "tails_deferred": s.tails_deferred,  # segment tails left for a later turn, once for each turn they wait
             # turns longer than two frames of audio (each set every stream back; logged with their phases)
             "slow_turns": s.slow_turns,

@@ -4,7 +4,9 @@ Each turn: apply commands (new text, end, cancel, close), write at most one pref
 never wait more than one chunk), advance every decoding row by one frame in one batched step (one graph replay on
 GPU, one small device→host copy), then vocode every stream whose queue reached its next chunk size, batched.
 Backpressure: a stream whose client has more than `max_undelivered_s` of audio unread stops advancing (its row
-computes and discards); after `stall_timeout_s` it is closed. One stream's failure never stops the others.
+computes and discards); after `stall_timeout_s` it is closed. Pacing: while another stream needs audio soon, a stream
+more than `pace_lead_s` ahead of its client's playback sits out turns the same way. One stream's failure never stops
+the others.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ SLOW_TURN_FRAMES = 2.0
 SLOW_TURN_LOG_S = 1.0
 # A schedule's larger chunk is sent only if the client's buffer lasts this many times its decoding time (turn jitter).
 GROWTH_MARGIN = 1.25
+# Pacing (WorkerLimits.pace_lead_s) applies while a stream needs audio soon: its prompt is queued or being written,
+# or it decodes with less than this much audio ahead of its client (0 before its first chunk).
+PACE_NEEDY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,12 @@ class WorkerLimits:
     # running streams keep real time through a burst of arrivals, at the cost of later first audio. None = off.
     prefill_hold_below_s: float | None = 0.1
     prefill_hold_max_s: float = 0.25
+    # Pacing: while some stream needs audio soon (PACE_NEEDY_S), decoding streams whose clients have more than this
+    # many seconds of audio ahead sit out the turn (their rows compute and discard, as back-pressured ones do). Each
+    # frame costs vocoder and host time in the turn it is made; frames for audio seconds ahead of playback lengthen
+    # the turns that newcomers' first audio waits on. With nobody needy (a lone batch request) nothing is paced.
+    # Codes, chunk boundaries and audio are unchanged: only when frames are made. None = off.
+    pace_lead_s: float | None = 1.5
     # "all": any decoding stream under prefill_hold_below_s holds new prompts; "low": only streams of sessions that
     # asked for latency low (their 2-frame first chunk leaves the least audio queued). H200 runs 22-24 without holds:
     # 300 normal-latency streams' p95 first audio 148-187 ms (176-259 ms with them), low-latency streams underran.
@@ -110,6 +121,8 @@ class WorkerLimits:
             raise ValueError("max_tails_per_turn must be at least 1 (None: no limit)")
         if self.prefill_step_share is not None and self.prefill_step_share <= 0:
             raise ValueError("prefill_step_share must be positive (None: no time budget)")
+        if self.pace_lead_s is not None and self.pace_lead_s <= PACE_NEEDY_S:
+            raise ValueError(f"pace_lead_s must be above {PACE_NEEDY_S} s, the lead under which a stream is needy")
 
 
 @dataclass
@@ -122,6 +135,8 @@ class WorkerStats:
     prefill_holds: int = 0  # turns that held new prompts back for a nearly dry stream
     refills: int = 0  # chunks sent early to a nearly dry stream
     tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn), once for each turn they wait
+    paced_turns: int = 0  # decoding turns in which streams far ahead of their clients sat out (pace_lead_s)
+    paced_rows: int = 0  # frames not made for that reason, summed over those turns (one per stream and turn)
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
@@ -181,6 +196,9 @@ class Worker:
         self._prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
+        # set by a turn in which no stream could advance (all back-pressured or paced): how long run_forever may
+        # wait on the command queue before the next turn (a command ends the wait at once)
+        self.nap_s = 0.0
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
         # vocoder calls launched this turn, in order: (their (stream, frames, advance) entries, what collects the
@@ -376,7 +394,7 @@ class Worker:
                 "eager prompt passes": self.b.stepper.eager_prefills - eager,
             }  # fmt: skip
             self._note_slow_turn(turn_s, phases, counts)
-        if decoded:  # not a turn that only waited for back-pressured clients (idle_wait_s)
+        if decoded:  # not a turn that only waited for back-pressured or paced clients (nap_s)
             self.admission.record_turn(turn_s, rows)
         if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
             self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
@@ -584,6 +602,7 @@ class Worker:
         assert len(streams) == active, "every active row has an owner"
         now = time.monotonic()
         commit = [not self._stalled(st, now) for st in streams]
+        self._pace(streams, commit, now)
         if any(commit):
             bucket, _ = self.b.stepper.bucket_for(active, 0)
             t0 = time.perf_counter()
@@ -606,14 +625,34 @@ class Worker:
                         self._accept_frame(st, frames[r])
             finally:
                 self._flush_swaps()
-        else:
-            time.sleep(self.limits.idle_wait_s)  # everyone is back-pressured: don't spin
+        elif not self.prefill_queue or self._prefill_held_since is not None:
+            # everyone is back-pressured (pacing always leaves a stream that needs audio, or a prompt to write): wait
+            # on the command queue instead of spinning, so a new request still starts at once
+            self.nap_s = self.limits.idle_wait_s
         for st in streams:
             stalled_s = now - st.stalled_since if st.stalled_since is not None else 0.0
             if not st.closed and stalled_s > self.limits.stall_timeout_s:
                 log.warning("session %s: client read nothing for %.0f s; closing", st.session.id, stalled_s)
                 self._fail(st, _StallTimeout(), fatal=True)
         return any(commit)
+
+    def _pace(self, streams: list[Stream], commit: list[bool], now: float) -> None:
+        """Pacing (`pace_lead_s`): clear `commit` for the streams far ahead of their clients while another stream
+        needs audio soon (a prompt in the queue, or a stream that advances with under PACE_NEEDY_S ahead)."""
+        lead = self.limits.pace_lead_s
+        if lead is None:
+            return
+        ahead = [st.client_buffer_s(self.rate_hz, now) for st in streams]
+        if not (self.prefill_queue or any(a < PACE_NEEDY_S for a, c in zip(ahead, commit, strict=True) if c)):
+            return
+        paced = 0
+        for r, a in enumerate(ahead):
+            if commit[r] and a >= lead:
+                commit[r] = False
+                paced += 1
+        if paced:
+            self.stats.paced_turns += 1
+            self.stats.paced_rows += paced
 
     def _stalled(self, st: Stream, now: float) -> bool:
         if st.session.undelivered_samples / self.rate_hz <= self.limits.max_undelivered_s:
@@ -869,9 +908,10 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
             if worker.b.graphs_missing == 0:  # the last one: exempt what the captures built from later collections
                 freeze_startup_objects()
             continue  # idle a while: one more graph instead of a nap (cold start captured only the small ones)
+        nap_s, worker.nap_s = worker.nap_s, 0.0  # the last turn could advance nobody: wait, but not past a command
         try:
-            wait_s = worker.limits.idle_wait_s
-            cmd = worker.commands.get(timeout=wait_s) if block else worker.commands.get_nowait()
+            wait_s = worker.limits.idle_wait_s if block else nap_s
+            cmd = worker.commands.get(timeout=wait_s) if wait_s > 0 else worker.commands.get_nowait()
             busy_at = time.monotonic()
             worker.apply(cmd)
             while True:

@@ -244,3 +244,17 @@ def test_the_prompt_hold_flags_reach_the_engines_worker_limits() -> None:
     assert limits.prefill_hold_for == "low"
     with pytest.raises(SystemExit, match="--prefill-hold-for must be all or low"):
         parse_settings(["--prefill-hold-for", "some"])
+
+
+def test_the_pacing_flag_reaches_the_engines_worker_limits() -> None:
+    """--pace-lead-s is the worker's pacing lead (1.5 s by default; off turns it off; at most PACE_NEEDY_S is refused:
+    a stream so close to its client would count as needy itself)."""
+    from server.app import build_gateway
+    from server.settings import parse_settings
+
+    assert build_gateway(parse_settings([])).engine.config.limits.pace_lead_s == 1.5
+    assert build_gateway(parse_settings(["--pace-lead-s", "off"])).engine.config.limits.pace_lead_s is None
+    assert build_gateway(parse_settings(["--pace-lead-s", "3.5"])).engine.config.limits.pace_lead_s == 3.5
+    for bad in ("0.5", "0", "61"):
+        with pytest.raises(SystemExit, match="--pace-lead-s must be in"):
+            parse_settings(["--pace-lead-s", bad])
