@@ -71,6 +71,17 @@ class GcPauses:
         }
 
 
+def freeze_new_objects() -> int:
+    """Exempt what was built since the last freeze (a graph captured after start-up: compiled code, dynamo's and
+    inductor's caches) from later collections, after collecting only the young generations (a few ms); returns the
+    frozen count. Each full collection otherwise walks every capture so far: H200 run 28 saw 78 → 785 ms pauses, each
+    stopping every stream, while idle-time captures ran after ready. Cyclic garbage that already reached the oldest
+    generation stays frozen (bounded: one set per captured graph)."""
+    gc.collect(1)
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def freeze_startup_objects() -> int:
     """Collect once, then exempt every surviving object from later collections; returns how many were frozen."""
     gc.collect()

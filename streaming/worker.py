@@ -27,7 +27,7 @@ import torch
 from .backend import Backend, RowSampling, history_is_append
 from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, Latency, refill_size, split_tail
 from .errors import EngineFault, FishgateError, IncompatibleVoice, Overloaded, PromptTooLong
-from .gc_pauses import freeze_startup_objects
+from .gc_pauses import freeze_new_objects, freeze_startup_objects
 from .realtime_admission import RealtimeAdmission
 from .rows import RowTable
 from .session import (
@@ -394,6 +394,8 @@ class Worker:
                 "eager prompt passes": self.b.stepper.eager_prefills - eager,
             }  # fmt: skip
             self._note_slow_turn(turn_s, phases, counts)
+        if self.b.graphs_captured() != captured:  # a graph captured on first use: keep collections short after it
+            freeze_new_objects()
         if decoded:  # not a turn that only waited for back-pressured or paced clients (nap_s)
             self.admission.record_turn(turn_s, rows)
         if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
@@ -905,8 +907,8 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
             and time.monotonic() - busy_at >= worker.limits.idle_capture_after_s
             and worker.b.capture_idle_graph(worker.row_pos)
         ):
-            if worker.b.graphs_missing == 0:  # the last one: exempt what the captures built from later collections
-                freeze_startup_objects()
+            # exempt what the capture built from later collections (a full collection once the last one is in)
+            (freeze_startup_objects if worker.b.graphs_missing == 0 else freeze_new_objects)()
             continue  # idle a while: one more graph instead of a nap (cold start captured only the small ones)
         nap_s, worker.nap_s = worker.nap_s, 0.0  # the last turn could advance nobody: wait, but not past a command
         try:

@@ -1,0 +1,55 @@
+"""First audio by when requests started: `fishgate ttfa` JSON results, binned by start time within the level.
+
+A level's p95 mixes its ramp (few streams yet, short turns) with full load. This splits it, so a change that
+shortens full-load turns shows where it acts:
+
+    python -m bench.ttfa_by_time build/ttfa_300.json build/ttfa_warm_300.json --bin-s 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The value at rank ⌊q·n⌋ of an ascending list (n ≥ 1), the convention of the tables in docs/BENCHMARKS.md."""
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def by_start_time(requests: list[dict], bin_s: float) -> list[dict]:
+    """Requests with a first audio, grouped by started_s into bins of bin_s: count, p50, p95, max and underran."""
+    bins: dict[int, list[dict]] = {}
+    for r in requests:
+        if r.get("ttfa_ms") is not None:
+            bins.setdefault(int(r["started_s"] // bin_s), []).append(r)
+    rows = []
+    for k in sorted(bins):
+        ttfa = sorted(r["ttfa_ms"] for r in bins[k])
+        rows.append({
+            "from_s": k * bin_s, "to_s": (k + 1) * bin_s, "requests": len(ttfa), "p50_ms": percentile(ttfa, 0.5),
+            "p95_ms": percentile(ttfa, 0.95), "max_ms": ttfa[-1],
+            "underran": sum(1 for r in bins[k] if r.get("underruns")),
+        })  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, nargs="+", help="fishgate ttfa --json outputs")
+    parser.add_argument("--bin-s", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    for path in args.results:
+        for level in json.loads(path.read_text())["levels"]:
+            print(f"{path.name}, {level['concurrency']} streams:")
+            for row in by_start_time(level["requests"], args.bin_s):
+                print(
+                    f"  started {row['from_s']:4.0f}-{row['to_s']:<4.0f} s  {row['requests']:4d} requests  first audio "
+                    f"p50 {row['p50_ms']:5.0f}  p95 {row['p95_ms']:5.0f}  max {row['max_ms']:5.0f} ms  "
+                    f"underran {row['underran']}"
+                )
+
+
+if __name__ == "__main__":
+    main()
