@@ -50,9 +50,14 @@ class Linear(nn.Linear):
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear computed row by row in one bmm (see Linear): x (..., K), weight (N, K)."""
+    """F.linear computed row by row in one bmm (see Linear): x (..., K), weight (N, K). A single row runs as two:
+    CPU torch takes another kernel for a bmm of batch 1 whose sums differ in the last bits from those of every
+    larger batch (seen with 2+ threads on an Intel Xeon at K 32, N 1,300: a tied token head)."""
     rows = x.reshape(-1, 1, x.shape[-1])  # (R, 1, K)
-    out = torch.bmm(rows, weight.t().unsqueeze(0).expand(rows.shape[0], -1, -1))  # (R, 1, N)
+    count = rows.shape[0]
+    if count == 1:
+        rows = torch.cat([rows, rows])
+    out = torch.bmm(rows, weight.t().unsqueeze(0).expand(rows.shape[0], -1, -1))[:count]  # (R, 1, N)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -194,3 +194,17 @@ def test_batched_prefill_refuses_a_prompt_past_the_context() -> None:
     cache = model.make_cache(2, 64)
     with pytest.raises(ValueError, match="context"):
         model.prefill_many([random_sequence(model, 10, 1), random_sequence(model, 64, 2)], cache, [0, 1], [0, 0])
+
+
+@pytest.mark.parametrize(("k", "n"), [(32, 1300), (64, 192), (32, 96)])
+def test_invariant_linear_gives_a_row_the_same_bits_alone_as_in_any_batch(k: int, n: int) -> None:
+    """CPU torch runs a bmm of batch 1 through another kernel than larger batches (different last bits with 2+ threads
+    on an Intel Xeon at K 32, N 1,300); a single row therefore runs as two."""
+    from model.layers import invariant_linear
+
+    torch.manual_seed(1)
+    x, weight, bias = torch.randn(8, k), torch.randn(n, k), torch.randn(n)
+    for rows in (1, 2, 3, 8):
+        batch = invariant_linear(x[:rows], weight, bias)
+        for i in range(rows):
+            assert torch.equal(batch[i], invariant_linear(x[i : i + 1], weight, bias)[0]), (rows, i)
