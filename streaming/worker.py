@@ -196,8 +196,8 @@ class Worker:
         self._prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
-        # set by a turn in which no stream could advance (all back-pressured or paced): how long run_forever may
-        # wait on the command queue before the next turn (a command ends the wait at once)
+        # set by a turn in which no stream could advance (all back-pressured; pacing always leaves one): how long
+        # run_forever may wait on the command queue before the next turn (a command ends the wait at once)
         self.nap_s = 0.0
         # segments that ended during the current turn: (stream, what to post once its tail is vocoded), by session
         self._ended: dict[int, tuple[Stream, Callable[[], None]]] = {}
@@ -396,7 +396,7 @@ class Worker:
             self._note_slow_turn(turn_s, phases, counts)
         if self.b.graphs_captured() != captured:  # a graph captured on first use: keep collections short after it
             freeze_new_objects()
-        if decoded:  # not a turn that only waited for back-pressured or paced clients (nap_s)
+        if decoded:  # not a turn that only waited for back-pressured clients (nap_s)
             self.admission.record_turn(turn_s, rows)
         if self.admission.limit_s is not None:  # sessions with nothing to do: admission counts only the others
             self.idle_streams = sum(1 for st in self.streams.values() if st.phase is Phase.IDLE and not st.pending)
@@ -908,7 +908,10 @@ def run_forever(worker: Worker, stop: Callable[[], bool]) -> None:
             and worker.b.capture_idle_graph(worker.row_pos)
         ):
             # exempt what the capture built from later collections (a full collection once the last one is in)
-            (freeze_startup_objects if worker.b.graphs_missing == 0 else freeze_new_objects)()
+            if worker.b.graphs_missing == 0:
+                freeze_startup_objects()
+            else:
+                freeze_new_objects()
             continue  # idle a while: one more graph instead of a nap (cold start captured only the small ones)
         nap_s, worker.nap_s = worker.nap_s, 0.0  # the last turn could advance nobody: wait, but not past a command
         try:

@@ -17,8 +17,9 @@ def test_requests_are_binned_by_start_and_summarised() -> None:
     requests.append(request(1.0, None))  # failed before any audio: not counted
     rows = by_start_time(requests, 2.0)
     assert [(r["from_s"], r["requests"]) for r in rows] == [(0.0, 20), (2.0, 10)]
-    assert (rows[0]["p50_ms"], rows[0]["p95_ms"], rows[0]["max_ms"], rows[0]["underran"]) == (60.0, 69.0, 69.0, 0)
-    assert (rows[1]["p50_ms"], rows[1]["max_ms"], rows[1]["underran"]) == (196.0, 200.0, 1)
+    # percentiles interpolate between order statistics, as the level summaries do (server.ttfa_report)
+    assert (rows[0]["p50_ms"], rows[0]["p95_ms"], rows[0]["max_ms"], rows[0]["underran"]) == (59.5, 68.05, 69.0, 0)
+    assert (rows[1]["p50_ms"], rows[1]["max_ms"], rows[1]["underran"]) == (195.5, 200.0, 1)
 
 
 def test_the_command_reads_ttfa_json(tmp_path, capsys) -> None:
