@@ -459,17 +459,22 @@ class DecodeStepper:
             run()
         return graph
 
-    def capture_all(self, max_batch: int | None = None) -> int:
+    def capture_all(self, max_batch: int | None = None, after_each: Callable[[], object] | None = None) -> int:
         """Capture every decode (batch, length) bucket and first-frame bucket up front (cold start), or only those of
         batch ≤ `max_batch` (the rest can follow in idle time through `capture_next`, or on first use); returns how
-        many decode graphs exist."""
+        many decode graphs exist. `after_each` runs after every capture (the engine freezes what it built out of
+        later garbage collections: streaming.gc_pauses)."""
         if self.use_cuda_graphs:
             for b, n in self.missing_graphs():
                 if max_batch is None or b <= max_batch:
                     self.capture(b, n)
+                    if after_each is not None:
+                        after_each()
             for b in self.missing_first_frame_graphs():  # compiled like the step: seconds each even from a warm cache
                 if max_batch is None or b <= max_batch:
                     self._capture_first_frames(b)
+                    if after_each is not None:
+                        after_each()
         return len(self._graphs)
 
     def missing_graphs(self) -> list[tuple[int, int]]:

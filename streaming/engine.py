@@ -114,6 +114,7 @@ class Engine:
             self.timings_s.update(backend.timings_s)
             worker = Worker(backend, self._commands, self.config.limits)
             worker.after_turn = self._admission.notify  # each turn updates the admission's estimate
+            worker.gc_pauses = self.gc_pauses
             self._worker = worker
             if self.config.warm_up:
                 t0 = time.perf_counter()

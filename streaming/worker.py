@@ -27,7 +27,7 @@ import torch
 from .backend import Backend, RowSampling, history_is_append
 from .chunking import MIN_REFILL_FRAMES, ChunkSchedule, Latency, refill_size, split_tail
 from .errors import EngineFault, FishgateError, IncompatibleVoice, Overloaded, PromptTooLong
-from .gc_pauses import freeze_new_objects, freeze_startup_objects
+from .gc_pauses import GcPauses, freeze_new_objects, freeze_startup_objects
 from .realtime_admission import RealtimeAdmission
 from .rows import RowTable
 from .session import (
@@ -196,6 +196,7 @@ class Worker:
         self._prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
+        self.gc_pauses: GcPauses | None = None  # the engine's collector timing: a slow turn's log says what GC took
         # set by a turn in which no stream could advance (all back-pressured; pacing always leaves one): how long
         # run_forever may wait on the command queue before the next turn (a command ends the wait at once)
         self.nap_s = 0.0
@@ -347,6 +348,7 @@ class Worker:
         t0 = time.perf_counter()
         started = 0
         captured, eager = self.b.graphs_captured(), self.b.stepper.eager_prefills
+        gc_s, graph_ms = (self.gc_pauses.pause_s if self.gc_pauses else 0.0), self.b.vocode_graph_ms
         for st in list(self.streams.values()):
             if st.phase is Phase.IDLE and st.pending and st.tail_utterance is None:
                 self._start_segment(st)
@@ -392,6 +394,9 @@ class Worker:
                 "segments started": started, "rows decoding": rows, "vocoder calls": self.b.vocode_calls - calls,
                 "prompts queued": len(self.prefill_queue), "graphs captured": self.b.graphs_captured() - captured,
                 "eager prompt passes": self.b.stepper.eager_prefills - eager,
+                # what the vocoder's graphs took when timed alone at capture, against the vocode phase above
+                "ms of vocoder graphs": round(self.b.vocode_graph_ms - graph_ms),
+                "ms of GC pauses": round(((self.gc_pauses.pause_s if self.gc_pauses else 0.0) - gc_s) * 1e3),
             }  # fmt: skip
             self._note_slow_turn(turn_s, phases, counts)
         if self.b.graphs_captured() != captured:  # a graph captured on first use: keep collections short after it

@@ -208,8 +208,15 @@ def test_graphs_up_front_leaves_larger_buckets_and_first_frames_to_idle_capture(
         return types.SimpleNamespace(replay=run)
 
     stepper._record = record  # type: ignore[method-assign]
-    assert stepper.capture_all(max_batch=1) == 1
+    after: list[tuple[int, int]] = []  # graphs of each kind when `after_each` ran (the engine freezes GC objects)
+    assert (
+        stepper.capture_all(
+            max_batch=1, after_each=lambda: after.append((len(stepper._graphs), len(stepper._first_graphs)))
+        )
+        == 1
+    )
     assert list(stepper._graphs) == [(1, 64)] and list(stepper._first_graphs) == [1]
+    assert after == [(1, 0), (1, 1)]  # once after each capture, right after it
     assert stepper.missing_graphs() == [(2, 64), (4, 64), (8, 64)]
     assert stepper.missing_first_frame_graphs() == [2, 4, 8]
     captured = []
@@ -217,7 +224,8 @@ def test_graphs_up_front_leaves_larger_buckets_and_first_frames_to_idle_capture(
         captured.append((list(stepper._graphs), list(stepper._first_graphs)))
     assert len(captured) == 6 and stepper.missing_graphs() == [] and stepper.missing_first_frame_graphs() == []
     assert captured[2] == ([(1, 64), (2, 64), (4, 64), (8, 64)], [1])  # decode buckets first, then first frames
-    assert stepper.capture_all() == 4  # nothing left to capture
+    assert stepper.capture_all(after_each=lambda: after.append((-1, -1))) == 4  # nothing left to capture
+    assert after == [(1, 0), (1, 1)]
 
 
 def test_a_first_frame_capture_in_idle_time_runs_the_scratch_row_at_position_zero() -> None:
