@@ -236,13 +236,13 @@ def test_the_prompt_hold_flags_reach_the_engines_worker_limits() -> None:
     from server.settings import parse_settings
 
     limits = build_gateway(parse_settings([])).engine.config.limits
-    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s, limits.prefill_hold_for) == (0.1, 0.25, "all")
+    assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s, limits.prefill_hold_for) == (0.1, 0.25, "low")
     flags = ["--prefill-hold-below-s", "off", "--prefill-hold-max-s", "0.05"]
     limits = build_gateway(parse_settings(flags)).engine.config.limits
     assert (limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (None, 0.05)
-    limits = build_gateway(parse_settings(["--prefill-hold-for", "low"])).engine.config.limits
-    assert limits.prefill_hold_for == "low"
-    with pytest.raises(SystemExit, match="--prefill-hold-for must be all or low"):
+    limits = build_gateway(parse_settings(["--prefill-hold-for", "all"])).engine.config.limits
+    assert limits.prefill_hold_for == "all"
+    with pytest.raises(SystemExit, match="--prefill-hold-for must be low or all"):
         parse_settings(["--prefill-hold-for", "some"])
 
 
@@ -258,3 +258,16 @@ def test_the_pacing_flag_reaches_the_engines_worker_limits() -> None:
     for bad in ("0.5", "0", "61"):
         with pytest.raises(SystemExit, match="--pace-lead-s must be in"):
             parse_settings(["--pace-lead-s", bad])
+
+
+def test_the_catch_up_flag_reaches_the_engines_worker_limits() -> None:
+    """--catch-up-steps: extra steps a turn for streams short of audio (2 by default, 0 off, at most 8)."""
+    from server.app import build_gateway
+    from server.settings import parse_settings
+
+    assert build_gateway(parse_settings([])).engine.config.limits.catch_up_steps == 2
+    assert build_gateway(parse_settings(["--catch-up-steps", "0"])).engine.config.limits.catch_up_steps == 0
+    assert build_gateway(parse_settings(["--catch-up-steps", "3"])).engine.config.limits.catch_up_steps == 3
+    for bad in ("-1", "9"):
+        with pytest.raises(SystemExit, match="--catch-up-steps must be in"):
+            parse_settings(["--catch-up-steps", bad])

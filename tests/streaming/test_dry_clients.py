@@ -145,6 +145,7 @@ def test_a_new_prompt_waits_a_moment_while_a_running_client_is_dry(hold_below_s)
         return first, await asyncio.gather(collect(a), speak(b, "Short."))
 
     limits = {"refill_below_s": 0.15, "prefill_hold_below_s": hold_below_s, "prefill_hold_max_s": 0.25}
+    limits["prefill_hold_for"] = "all"  # A is a normal-latency stream
     with running_engine(
         RANDOM_TINY_MODEL, max_sessions=2, backend_factory=VerySlowNeverEnding, warm_up=False, **limits
     ) as engine:
