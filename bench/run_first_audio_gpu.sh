@@ -19,8 +19,9 @@
 # Run 29: FIRST_SERVE_ARGS="--prefill-hold-for low" LEVELS=300 VARIANTS="--prefill-hold-for all;--prefill-hold-for low"
 # WARM_LEVELS="300 384 300:low": holds for latency-low streams only against holds for all, on more machines (run 28:
 # p95 at 300 met <= 150 ms only on the machine where no turn held a prompt); start-up GC with each capture frozen.
-# Run 29 call 2: LEVELS="300 384" VARIANTS="--catch-up-steps 0;default" WARM_LEVELS="300 384": catch-up steps
-# (default 2) against none, holds for latency-low streams only (the new default); the first server runs the defaults.
+# Run 29 call 2 measured catch-up steps (extra small-batch steps a turn for streams under 0.5 s ahead; removed after
+# it): at 300 streams turns 18 -> 27 ms, p95 first audio 152 -> 963-1119 ms, 8-9 % underran.
+# Run 29 call 3: FIRST_SERVE_ARGS="" LEVELS=300 VARIANTS="--prefill-hold-for all;default" WARM_LEVELS="300 384".
 # Run 22's calls 2-3 ran earlier versions of this script (at 9d2ca48 and 6185f9e: first chunks, then the chunks of
 # nearly dry clients, vocoded in the turn that completed them; both measured worse and were removed).
 set -u

@@ -152,7 +152,6 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 prefill_hold_max_s=settings.prefill_hold_max_s,
                 prefill_hold_for=settings.prefill_hold_for,
                 pace_lead_s=settings.pace_lead_s,
-                catch_up_steps=settings.catch_up_steps,
             ),
             max_queued_chars=settings.max_queued_chars,
             admission_wait_s=settings.admission_wait_s,

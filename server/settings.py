@@ -208,8 +208,8 @@ class Settings:
         default="low",
         metadata={"help": "low | all: with --prefill-hold-below-s, hold new prompts only for nearly dry streams of "
                   "sessions that asked for latency low, or for any nearly dry stream (H200 run 29: 300 normal-latency "
-                  "streams' p95 first audio 138-149 ms with low against 188 ms with all, no underruns either way; at "
-                  "384 streams all underran 0 %%, low 3 %%)"},
+                  "streams' p95 first audio 123-152 ms with low against 165 ms with all, no underruns either way; "
+                  "near capacity, at 384 streams, low underran 2.7-14.5 %%, all 0 %%: use all there)"},
     )  # fmt: skip
     pace_lead_s: float | None = field(
         default=1.5,
@@ -218,13 +218,6 @@ class Settings:
                   "playback sit out the turn: their frames would cost vocoder and host time in every turn that the "
                   "newcomers' first audio waits on. Codes and audio are unchanged, only when they are made. off: every "
                   "stream advances every turn (a batch request alone is never paced)", "shown_default": "1.5"},
-    )  # fmt: skip
-    catch_up_steps: int = field(
-        default=2,
-        metadata={"help": "extra decode steps a turn for streams with under 0.5 s of audio ahead of their client (a "
-                  "new request's first frames, a stream that fell behind), run in a 4-row batch at the front of the "
-                  "rows: a first chunk is then decoded in the turn its prompt is written, not over several turns at "
-                  "the full batch's pace. Codes and audio are unchanged. 0: off (0-8)", "shown_default": "2"},
     )  # fmt: skip
     prefill_hold_max_s: float = field(
         default=0.25,
@@ -343,8 +336,6 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --prefill-hold-below-s must be in (0, 5] seconds (e.g. 0.1) or off")
     if settings.pace_lead_s is not None and not 0.5 < settings.pace_lead_s <= 60:
         raise SystemExit("fishgate: --pace-lead-s must be in (0.5, 60] seconds (e.g. 1.5) or off")
-    if not 0 <= settings.catch_up_steps <= 8:
-        raise SystemExit("fishgate: --catch-up-steps must be in [0, 8] (0: off)")
     if not 0 <= settings.prefill_hold_max_s <= 5:
         raise SystemExit("fishgate: --prefill-hold-max-s must be in [0, 5] seconds")
     if not 0 <= settings.admission_wait_s <= 60:

@@ -300,11 +300,6 @@ class Engine:
             # made in them (one per stream and turn)
             "paced_turns": s.paced_turns,
             "paced_rows": s.paced_rows,
-            # extra decode steps for streams short of audio (--catch-up-steps), the frames they made, and the streams
-            # swapped into their rows
-            "catch_up_steps": s.catch_up_steps,
-            "catch_up_frames": s.catch_up_frames,
-            "catch_up_moves": s.catch_up_moves,
             "tails_deferred": s.tails_deferred,  # segment tails left for a later turn, once for each turn they wait
             # turns longer than two frames of audio (each set every stream back; logged with their phases)
             "slow_turns": s.slow_turns,

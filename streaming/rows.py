@@ -63,12 +63,6 @@ class RowTable:
         self.active -= 1
         return self._swap(r, last)
 
-    def exchange(self, a: int, b: int) -> list[tuple[int, int]]:
-        """Two decoding sessions trade rows (the catch-up rows at the front); returns the swap."""
-        if not (a < self.active and b < self.active):
-            raise ValueError(f"rows {a} and {b} must both be decoding (rows below {self.active})")
-        return self._swap(a, b)
-
     def _swap(self, a: int, b: int) -> list[tuple[int, int]]:
         if a == b:
             return []

@@ -101,17 +101,9 @@ class WorkerLimits:
     # "all": any decoding stream under prefill_hold_below_s holds new prompts; "low": only streams of sessions that
     # asked for latency low (their 2-frame first chunk leaves the least audio queued). H200 runs 22-24 without holds:
     # 300 normal-latency streams' p95 first audio 148-187 ms (176-259 ms with them), low-latency streams underran.
-    # Run 29 (pacing on), one machine: 300 streams p95 138 / 149 ms with "low" against 188 ms with "all", no
-    # underruns either way; at 384 "low" underran 3 % (0 % with "all").
+    # Run 29 (pacing on): 300 streams p95 123 / 123 ms with "low" against 165 ms with "all" on one machine, 152 ms
+    # with "low" on a slower one, no underruns; near capacity (384) "low" underran 2.7 % and 14.5 % (0 % with "all").
     prefill_hold_for: str = "low"
-    # Catch-up: streams with under PACE_NEEDY_S of audio ahead of their client (a newcomer, before its first chunk and
-    # just after it; a stream that fell behind) take this many extra decode steps a turn, in the small batch bucket of
-    # the first catch_up_rows rows, where they are swapped (their KV rows and state moved; streams well ahead leave).
-    # A newcomer's first chunk is then decoded in the turn its prompt is written instead of over several turns at the
-    # full batch's turn time. Codes and audio are unchanged (counter-based sampling). 0 = off; batch-invariant engines
-    # never catch up (their one batch bucket is the largest).
-    catch_up_steps: int = 2
-    catch_up_rows: int = 4
     # Hold a growth step of the chunk schedule (keep sending the previous size) while the client's buffer would not
     # last until the larger chunk is decoded at the current turn time (Worker._held_growth). Unseeded streams only.
     grow_chunks_with_buffer: bool = True
@@ -131,8 +123,6 @@ class WorkerLimits:
             raise ValueError("max_tails_per_turn must be at least 1 (None: no limit)")
         if self.prefill_step_share is not None and self.prefill_step_share <= 0:
             raise ValueError("prefill_step_share must be positive (None: no time budget)")
-        if not 0 <= self.catch_up_steps <= 8 or self.catch_up_rows < 1:
-            raise ValueError("catch_up_steps must be 0-8 (0: off) and catch_up_rows at least 1")
         if self.pace_lead_s is not None and self.pace_lead_s <= PACE_NEEDY_S:
             raise ValueError(f"pace_lead_s must be above {PACE_NEEDY_S} s, the lead under which a stream is needy")
 
@@ -149,9 +139,6 @@ class WorkerStats:
     tails_deferred: int = 0  # segment tails left for a later turn (max_tails_per_turn), once for each turn they wait
     paced_turns: int = 0  # decoding turns in which streams far ahead of their clients sat out (pace_lead_s)
     paced_rows: int = 0  # frames not made for that reason, summed over those turns (one per stream and turn)
-    catch_up_steps: int = 0  # extra decode steps run for streams short of audio (catch_up_steps)
-    catch_up_frames: int = 0  # frames those steps made
-    catch_up_moves: int = 0  # streams swapped into the catch-up rows
     # cumulative wall seconds by phase of the loop (where a turn's time goes; exported through /metrics)
     turns: int = 0
     prefill_s: float = 0.0
@@ -170,12 +157,6 @@ class WorkerStats:
 
 
 PREFILL_SMOOTHING = 0.2  # weight of the newest call in the step and prefill running averages
-
-
-def catch_up_steps_for(limits: WorkerLimits, batch_invariant: bool, device_type: str) -> int:
-    """Catch-up steps a turn: none for a batch-invariant engine on a GPU, whose every graph-captured step runs the
-    one fixed (largest) batch, so a catch-up step would cost a full one (on CPU steps run exactly their rows)."""
-    return 0 if batch_invariant and device_type != "cpu" else limits.catch_up_steps
 
 
 def prefill_token_budget(tokens: int, seconds: float, seconds_per_token: float | None) -> int:
@@ -230,7 +211,6 @@ class Worker:
         self._vocode_failures: list[tuple[Stream, Exception]] = []  # collected inside a step: failed after it
         # the turn's vocoder work runs beside its prefill and decode step (BackendConfig.vocoder_overlap)
         self.overlap_vocoder = backend.overlap_vocoder
-        self._catch_up_steps = catch_up_steps_for(limits, backend.batch_invariant, backend.device.type)
 
     # ---- sessions ----------------------------------------------------------------------------------------------------
     def add(self, session: Session) -> None:
@@ -624,28 +604,36 @@ class Worker:
             self._accept_frame(st, frame)
 
     def _decode_step(self) -> bool:
-        """Advance every active row whose client is not back-pressured, then the streams short of audio again
-        (catch-up); False when none could advance."""
-        now = time.monotonic()
-        if self._catch_up_steps:
-            self._bring_needy_forward(now)
+        """Advance every active row whose client is not back-pressured; False when none could advance."""
         active = self.rows.active
-        streams = self._row_streams(active)
+        owners = [self.rows.owner[r] for r in range(active)]
+        streams = [self.streams[sid] for sid in owners if sid is not None]
+        assert len(streams) == active, "every active row has an owner"
+        now = time.monotonic()
         commit = [not self._stalled(st, now) for st in streams]
         self._pace(streams, commit, now)
         if any(commit):
+            bucket, _ = self.b.stepper.bucket_for(active, 0)
+            t0 = time.perf_counter()
             collect = self._collect_audio_in_step if self._vocoding else None
-            self._last_step_s = self._run_step(active, streams, commit, collect)
+            frames = self.b.step(active, commit, max(self.row_pos[:bucket]), collect)
+            self._last_step_s = time.perf_counter() - t0 - self._collect_s
             self._step_avg_s += PREFILL_SMOOTHING * (self._last_step_s - self._step_avg_s)
-            for _ in range(self._catch_up_steps):
-                rows = min(self.limits.catch_up_rows, self.rows.active)
-                behind = self._row_streams(rows)
-                extra = [self._needy(st, now) for st in behind]
-                if not any(extra):
-                    break
-                self._last_step_s += self._run_step(rows, behind, extra, None)
-                self.stats.catch_up_steps += 1
-                self.stats.catch_up_frames += sum(extra)
+            self.stats.step_s += self._last_step_s
+            self.stats.steps += 1
+            for r in range(active):
+                self.row_pos[r] += commit[r]
+            # accepting a frame can end a segment and swap rows, so go by session, not by row; the device side of
+            # the swaps waits until every frame is in, then moves all rows at once
+            self._pending_swaps = []
+            try:
+                for r, st in enumerate(streams):
+                    if commit[r] and not st.closed:
+                        self.stats.frames += 1
+                        st.noise_step += 1
+                        self._accept_frame(st, frames[r])
+            finally:
+                self._flush_swaps()
         elif not self.prefill_queue or self._prefill_held_since is not None:
             # everyone is back-pressured (pacing always leaves a stream that needs audio, or a prompt to write): wait
             # on the command queue instead of spinning, so a new request still starts at once
@@ -656,71 +644,6 @@ class Worker:
                 log.warning("session %s: client read nothing for %.0f s; closing", st.session.id, stalled_s)
                 self._fail(st, _StallTimeout(), fatal=True)
         return any(commit)
-
-    def _row_streams(self, rows: int) -> list[Stream]:
-        """The streams of rows [0, rows), in row order (every active row has one)."""
-        streams = [self.streams[sid] for sid in self.rows.owner[:rows] if sid is not None]
-        assert len(streams) == rows, "every active row has an owner"
-        return streams
-
-    def _run_step(
-        self, rows: int, streams: list[Stream], commit: list[bool], collect: Callable[[], None] | None
-    ) -> float:
-        """One decode step over rows [0, rows) advancing the committed ones; returns its seconds (less the audio
-        collected inside it)."""
-        bucket, _ = self.b.stepper.bucket_for(rows, 0)
-        t0, collected = time.perf_counter(), self._collect_s
-        frames = self.b.step(rows, commit, max(self.row_pos[:bucket]), collect)
-        step_s = time.perf_counter() - t0 - (self._collect_s - collected)
-        self.stats.step_s += step_s
-        self.stats.steps += 1
-        for r in range(rows):
-            self.row_pos[r] += commit[r]
-        # accepting a frame can end a segment and swap rows, so go by session, not by row; the device side of the
-        # swaps waits until every frame is in, then moves all rows at once
-        self._pending_swaps = []
-        try:
-            for r, st in enumerate(streams):
-                if commit[r] and not st.closed:
-                    self.stats.frames += 1
-                    st.noise_step += 1
-                    self._accept_frame(st, frames[r])
-        finally:
-            self._flush_swaps()
-        return step_s
-
-    def _needy(self, st: Stream, now: float) -> bool:
-        """A decoding stream, read by its client, with under PACE_NEEDY_S of audio ahead of it (none yet: 0)."""
-        return (
-            st.phase is Phase.DECODE
-            and not st.closed
-            and st.stalled_since is None
-            and st.client_buffer_s(self.rate_hz, now) < PACE_NEEDY_S
-        )
-
-    def _bring_needy_forward(self, now: float) -> None:
-        """Swap the neediest streams outside the catch-up rows (the first catch_up_rows) with the streams inside them
-        that are furthest ahead and not needy themselves, so the catch-up steps' small batch reaches them."""
-        k, active = self.limits.catch_up_rows, self.rows.active
-        if active <= k:
-            return
-        streams = self._row_streams(active)
-        buffers = [st.client_buffer_s(self.rate_hz, now) for st in streams]
-        needy = [self._needy(st, now) for st in streams]
-        behind = sorted((r for r in range(k, active) if needy[r]), key=lambda r: buffers[r])
-        if not behind:
-            return
-        ahead = sorted((r for r in range(k) if not needy[r]), key=lambda r: buffers[r], reverse=True)
-        moves = list(zip(behind, ahead, strict=False))
-        if not moves:
-            return
-        self._pending_swaps = []
-        try:
-            for out, front in moves:
-                self._apply_swaps(self.rows.exchange(out, front))
-        finally:
-            self._flush_swaps()
-        self.stats.catch_up_moves += len(moves)
 
     def _pace(self, streams: list[Stream], commit: list[bool], now: float) -> None:
         """Pacing (`pace_lead_s`): clear `commit` for the streams far ahead of their clients while another stream

@@ -258,16 +258,3 @@ def test_the_pacing_flag_reaches_the_engines_worker_limits() -> None:
     for bad in ("0.5", "0", "61"):
         with pytest.raises(SystemExit, match="--pace-lead-s must be in"):
             parse_settings(["--pace-lead-s", bad])
-
-
-def test_the_catch_up_flag_reaches_the_engines_worker_limits() -> None:
-    """--catch-up-steps: extra steps a turn for streams short of audio (2 by default, 0 off, at most 8)."""
-    from server.app import build_gateway
-    from server.settings import parse_settings
-
-    assert build_gateway(parse_settings([])).engine.config.limits.catch_up_steps == 2
-    assert build_gateway(parse_settings(["--catch-up-steps", "0"])).engine.config.limits.catch_up_steps == 0
-    assert build_gateway(parse_settings(["--catch-up-steps", "3"])).engine.config.limits.catch_up_steps == 3
-    for bad in ("-1", "9"):
-        with pytest.raises(SystemExit, match="--catch-up-steps must be in"):
-            parse_settings(["--catch-up-steps", bad])

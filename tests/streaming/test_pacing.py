@@ -66,8 +66,7 @@ async def a_then_newcomer(engine: Engine, frames_a: int, newcomer: bool):
 
 def run(pace_lead_s: float | None, newcomer: bool, frames_a: int = 200):
     with running_engine(
-        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=SteadyNeverEnding, warm_up=False, pace_lead_s=pace_lead_s,
-        catch_up_steps=0,
+        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=SteadyNeverEnding, warm_up=False, pace_lead_s=pace_lead_s
     ) as engine:  # fmt: skip
         utt_a, utt_b = asyncio.run(a_then_newcomer(engine, frames_a, newcomer))
         worker = engine._worker
