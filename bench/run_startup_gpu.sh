@@ -9,6 +9,8 @@
 #            2.-4. warm restarts: defaults, --graphs-up-front 1, --compile-symbolic-batch-above 1   (VARIANTS)
 #   each warm restart: start-up by phase, then 8 requests at level 1 right after ready (what a first client meets)
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_startup_gpu.sh
+# After run 29: VARIANTS="default;--compile-after-ready on;--compile-after-ready on" (ready before any compile; the
+# compiled graphs replace the uncompiled ones in idle time), after `pytest tests/model/test_gpu.py -k deferred`.
 set -u
 OUT=${OUT:-/tmp/fishgate-startup}
 source bench/device_call.sh

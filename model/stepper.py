@@ -17,7 +17,7 @@ import bisect
 import collections
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +103,7 @@ class DecodeStepper:
         compile_max_batch: int | None = None,
         tune_single_row: bool = False,
         symbolic_batch_above: int | None = None,
+        defer_compile: bool = False,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing) runs the step's regions compiled (see
         model.compiled_regions) for batch buckets up to `compile_max_batch` (default: all); each region compiles
@@ -121,7 +122,10 @@ class DecodeStepper:
         per bucket captured on first use or in idle time; prompts that fit none run the plain eager pass.
         `prefill_length_buckets`: those passes' attention lengths (default: `length_buckets`). A model whose decode
         attention stops at each row's length (`use_length_attention`) needs one decode length only, the full cache,
-        while prefill still attends over a bucket through SDPA. `prefill_row_buckets`: prompts per static pass."""
+        while prefill still attends over a bucket through SDPA. `prefill_row_buckets`: prompts per static pass.
+        `defer_compile`: every graph whose regions would compile is first captured uncompiled (plain PyTorch, no
+        dynamo: fractions of a second each), and replaced by its compiled capture later, one at a time through
+        `capture_next` (idle time), so start-up never waits for compilation (`pending_upgrades`)."""
         self.model = model
         c = model.config
         self.n_rows = n_rows
@@ -193,6 +197,10 @@ class DecodeStepper:
         self.compile_max_batch = compile_max_batch or n_rows
         self.tune_single_row = tune_single_row and device.type == "cuda"
         self.symbolic_batch_above = symbolic_batch_above
+        self.defer_compile = defer_compile
+        # graphs captured uncompiled that compile later (defer_compile): ("decode", batch, length), ("first", batch, 0)
+        self._uncompiled: set[tuple[str, int, int]] = set()
+        self._capturing_uncompiled = False  # inside such a capture: every region runs eagerly
 
     # ---- row state (host calls, outside graphs) ----------------------------------------------------------------------
     def set_sampling(self, row: int, s: RowSampling) -> None:
@@ -284,7 +292,7 @@ class DecodeStepper:
         self._ff_out[:bucket] = out
 
     @torch.inference_mode()
-    def _capture_first_frames(self, bucket: int) -> torch.cuda.CUDAGraph:
+    def _capture_first_frames(self, bucket: int, *, compile_now: bool = False) -> torch.cuda.CUDAGraph:
         """Capture the first-frame sample for one batch bucket; warm-up runs write the scratch row only, at position 0
         (the static buffers still hold the last real call's positions when this runs in idle time: the scratch row
         left at one of them past a short attention length made the next decode capture write out of range)."""
@@ -292,12 +300,15 @@ class DecodeStepper:
         rows, positions = self._ff_rows[:bucket].clone(), self._ff_positions[:bucket].clone()
         self._ff_rows[:bucket].fill_(self.first_frame_scratch_row)
         self._ff_positions[:bucket].zero_()
+        uncompiled = self._defers(bucket) and not compile_now
         t0 = time.perf_counter()
-        graph = self._record(lambda: self._run_first_frames(bucket))
+        with self._uncompiled_capture(uncompiled):
+            graph = self._record(lambda: self._run_first_frames(bucket))
         self.capture_seconds["first_frames"] += time.perf_counter() - t0
         self._ff_rows[:bucket].copy_(rows)
         self._ff_positions[:bucket].copy_(positions)
         self._first_graphs[bucket] = graph
+        (self._uncompiled.add if uncompiled else self._uncompiled.discard)(("first", bucket, 0))
         return graph
 
     def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> torch.Tensor:
@@ -374,7 +385,21 @@ class DecodeStepper:
         step.add_(inc)
 
     def _compile_backend_for(self, rows: int) -> str | None:
+        if self._capturing_uncompiled:
+            return None
         return self.compile_backend if rows <= self.compile_max_batch else None
+
+    def _defers(self, rows: int) -> bool:
+        """Whether a capture of this bucket now goes uncompiled first (defer_compile, regions that would compile)."""
+        return self.defer_compile and self._compile_backend_for(rows) is not None
+
+    @contextlib.contextmanager
+    def _uncompiled_capture(self, on: bool) -> Iterator[None]:
+        saved, self._capturing_uncompiled = self._capturing_uncompiled, on or self._capturing_uncompiled
+        try:
+            yield
+        finally:
+            self._capturing_uncompiled = saved
 
     def _compiled_for(self, rows: int) -> contextlib.AbstractContextManager[None]:
         """How a bucket's regions run: eagerly, compiled static, tuned (one row) or with a symbolic batch."""
@@ -430,18 +455,22 @@ class DecodeStepper:
         return self._out_host[:rows].clone()
 
     @torch.inference_mode()
-    def capture(self, bucket: int, attn_len: int) -> torch.cuda.CUDAGraph:
-        """Capture the step for one (batch bucket, attention length); state is saved and restored around warm-up."""
+    def capture(self, bucket: int, attn_len: int, *, compile_now: bool = False) -> torch.cuda.CUDAGraph:
+        """Capture the step for one (batch bucket, attention length); state is saved and restored around warm-up.
+        With defer_compile the regions run uncompiled unless `compile_now` (the later replacement)."""
         saved = [t.clone() for t in self._row_tensors()]
         commit = self.commit.clone()
         self.commit.zero_()  # warm-up and capture runs must not advance anything
+        uncompiled = self._defers(bucket) and not compile_now
         t0 = time.perf_counter()
-        graph = self._record(lambda: self._run_step(bucket, attn_len))
-        self.capture_seconds[self._capture_kind(bucket)] += time.perf_counter() - t0
+        with self._uncompiled_capture(uncompiled):
+            graph = self._record(lambda: self._run_step(bucket, attn_len))
+            self.capture_seconds[self._capture_kind(bucket)] += time.perf_counter() - t0
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)
         self._graphs[(bucket, attn_len)] = graph
+        (self._uncompiled.add if uncompiled else self._uncompiled.discard)(("decode", bucket, attn_len))
         return graph
 
     def _record(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
@@ -491,8 +520,9 @@ class DecodeStepper:
         return [b for b in self.first_frame_buckets if b not in self._first_graphs]
 
     def capture_next(self, row_positions: Sequence[int]) -> bool:
-        """Capture one missing decode bucket (for idle time), else one missing first-frame bucket, else one missing
-        prefill bucket; False when none is missing or none can be captured now.
+        """Capture one missing decode bucket (for idle time), else one missing first-frame bucket, else replace one
+        graph captured uncompiled by its compiled capture (defer_compile), else capture one missing prefill bucket;
+        False when none is missing or none can be captured now.
 
         Warm-up and capture run the step over rows [0, batch) without advancing them, which still writes each row's
         K/V at its position: harmless at a row's next position, but out of the bucket's attention length when an open
@@ -507,4 +537,25 @@ class DecodeStepper:
         if first_frames:
             self._capture_first_frames(first_frames[0])
             return True
+        if self._compile_next(row_positions):
+            return True
         return self.static_prefill is not None and self.static_prefill.capture_next()
+
+    def pending_upgrades(self) -> list[tuple[str, int, int]]:
+        """Graphs captured uncompiled that still wait for their compiled capture (defer_compile), small batches first,
+        decode before first frames."""
+        return sorted(self._uncompiled, key=lambda k: (k[0] != "decode", k[1], k[2]))
+
+    def _compile_next(self, row_positions: Sequence[int]) -> bool:
+        """Replace one uncompiled graph by its compiled capture; decode graphs only where capture_next's position
+        rule allows (their warm-up runs write rows [0, batch) at their positions)."""
+        pending = self.pending_upgrades()
+        decode = capturable_buckets([(b, n) for kind, b, n in pending if kind == "decode"], row_positions)
+        if decode:
+            self.capture(*decode[0], compile_now=True)
+            return True
+        first = [b for kind, b, _ in pending if kind == "first"]
+        if first:
+            self._capture_first_frames(first[0], compile_now=True)
+            return True
+        return False

@@ -135,6 +135,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 vocoder_channels_last=settings.vocoder_channels_last in ("on", "tuned"),
                 vocoder_autotune=settings.vocoder_channels_last == "tuned",
                 tune_single_row=settings.compile_tune_single_row == "on",
+                compile_after_ready=settings.compile_after_ready == "on",
                 length_attention={"on": True, "off": False}.get(settings.length_attention),
                 gemv_kernels={"on": True, "off": False}.get(settings.gemv_kernels),
                 gemv_configs=settings.gemv_configs,

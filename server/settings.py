@@ -73,6 +73,14 @@ class Settings:
                   "GEMVs as fused Triton kernels (with --compile-max-batch; H200 run 14: batch-1 step 3.28 -> 2.64 ms, "
                   "about a minute more of compile per context bucket on an empty --compile-cache-dir)"},
     )  # fmt: skip
+    compile_after_ready: str = field(
+        default="off",
+        metadata={"help": "on | off: with --compile-max-batch, capture every bucket's graph uncompiled first (no "
+                  "compilation before ready: seconds instead of ~20 s on a warm --compile-cache-dir), then replace "
+                  "each by its compiled capture, one at a time while the engine is idle; until then those buckets run "
+                  "their plain graphs (an H200 one-row step ~3.3 ms instead of 1.45), and a request that arrives "
+                  "during a compiled capture waits for it (up to seconds). Not measured on a GPU yet"},
+    )  # fmt: skip
     length_attention: str = field(
         default="auto",
         metadata={"help": "auto | on | off: the slow stack's decode attention through a Triton kernel that reads each "

@@ -110,6 +110,10 @@ class BackendConfig:
     # TUNED_OPTIONS: its GEMVs become fused Triton reductions). Run 14, H200: batch-1 step 3.28 → 2.64 ms, its
     # compile 16 → 66 s on an empty cache (per attention-length bucket used at batch 1), cached after
     tune_single_row: bool = True
+    # capture every compiled bucket uncompiled first (plain PyTorch in the graph, no dynamo: start-up waits for no
+    # compilation), then replace each by its compiled capture one at a time in idle time after ready
+    # (DecodeStepper defer_compile; counted in graphs_missing until done). Not measured on a GPU yet.
+    compile_after_ready: bool = False
     # the slow stack's decode attention through model.decode_attention's length-aware kernel (CUDA and Triton only;
     # not batch-invariant engines); the step then has one attention length (the cache's), so a quarter of the decode
     # graphs, while prefill keeps GPU_LENGTH_BUCKETS. None = on for CUDA-graph engines where the kernel runs, unless
@@ -312,6 +316,7 @@ class Backend:
             compile_backend="inductor" if self.compile_max_batch > 0 else None,
             compile_max_batch=self.compile_max_batch or None,
             tune_single_row=config.tune_single_row,
+            defer_compile=config.compile_after_ready,
             symbolic_batch_above=config.compile_symbolic_batch_above,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
@@ -679,6 +684,7 @@ class Backend:
         """Decode, prefill and vocoder graphs not captured yet (0 on CPU). Worker thread only: others read the
         `graphs_missing` it leaves after each idle capture (the /metrics gauge a benchmark waits on before loading)."""
         n = len(self.stepper.missing_graphs()) + len(self.stepper.missing_first_frame_graphs())
+        n += len(self.stepper.pending_upgrades())  # captured uncompiled, compiled later (compile_after_ready)
         if self.stepper.static_prefill is not None:
             n += len(self.stepper.static_prefill.missing_graphs())
         if self.vocoder_graphs is not None:

@@ -398,3 +398,84 @@ def test_permute_rows_equals_the_swaps_it_composes() -> None:
         assert torch.equal(fast.cache.v[:, row, :, :n], slow.cache.v[:, row, :, :n]), row
     for got, want in zip(fast._row_tensors(), slow._row_tensors(), strict=True):
         assert torch.equal(got[:7], want[:7])
+
+
+def test_deferred_compilation_captures_uncompiled_first_and_compiles_one_graph_at_a_time(monkeypatch) -> None:
+    """defer_compile (--compile-after-ready): start-up captures every bucket with its regions uncompiled, so it waits
+    for no compilation; `capture_next` then replaces one uncompiled graph at a time by its compiled capture (decode
+    buckets first, each only once the rows' positions allow, then first frames), and a step meanwhile replays the
+    uncompiled graph instead of compiling in the middle of a turn. Stand-in recorder (no CUDA) noting, for each
+    capture, the compile backend its regions ran under (model.compiled_regions.compiled, patched)."""
+    import model.stepper as stepper_module
+
+    backends: list[str | None] = []
+    real = stepper_module.compiled
+
+    def noting(backend, *args, **kwargs):
+        backends.append(backend)
+        return real(None, *args, **kwargs)  # nothing really compiles here: only which backend was asked for
+
+    monkeypatch.setattr(stepper_module, "compiled", noting)
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(
+        model, 9, max_seq_len=64, max_batch=8, length_buckets=[32], first_frame_scratch_row=8,
+        compile_backend="inductor", compile_max_batch=2, defer_compile=True,
+    )  # fmt: skip
+    stepper.use_cuda_graphs = True
+    seen: list[tuple[str, int, int, str | None]] = []  # (kind, batch, length, backend) per capture
+
+    def record(run):
+        backends.clear()
+        run()
+        kind = "first" if stepper._capturing_first else "decode"
+        seen.append((kind, *stepper._capturing_key, backends[-1]))
+        return types.SimpleNamespace(replay=run)
+
+    stepper._record = record  # type: ignore[method-assign]
+    stepper._capturing_first = False
+    stepper._capturing_key = (0, 0)
+    real_capture, real_first = stepper.capture, stepper._capture_first_frames
+
+    def capture(bucket, attn_len, **kw):
+        stepper._capturing_first, stepper._capturing_key = False, (bucket, attn_len)
+        return real_capture(bucket, attn_len, **kw)
+
+    def capture_first(bucket, **kw):
+        stepper._capturing_first, stepper._capturing_key = True, (bucket, 0)
+        try:
+            return real_first(bucket, **kw)
+        finally:
+            stepper._capturing_first = False
+
+    stepper.capture, stepper._capture_first_frames = capture, capture_first  # type: ignore[method-assign]
+    stepper.capture_all()
+    assert all(backend is None for *_, backend in seen), seen  # nothing compiled before ready
+    assert len(seen) == 2 * 4 * 1 + 4  # decode: 4 batch buckets × lengths 32, 64; first frames: 4 buckets
+    assert stepper.pending_upgrades() == [("decode", 1, 32), ("decode", 1, 64), ("decode", 2, 32), ("decode", 2, 64),
+                                          ("first", 1, 0), ("first", 2, 0)]  # fmt: skip
+    seen.clear()
+    stepper.step(1, 0)  # a step on an uncompiled bucket replays it: no capture, no compile mid-turn
+    assert seen == []
+    assert stepper.capture_next([40] + [0] * 8)  # row 0 at 40: length-32 decode graphs must wait
+    assert seen == [("decode", 1, 64, "inductor")]
+    while stepper.capture_next([40] + [0] * 8):
+        pass
+    assert [s[:3] for s in seen] == [("decode", 1, 64), ("decode", 2, 64), ("first", 1, 0), ("first", 2, 0)]
+    assert all(backend == "inductor" for *_, backend in seen)
+    assert stepper.pending_upgrades() == [("decode", 1, 32), ("decode", 2, 32)]
+    while stepper.capture_next([0] * 9):
+        pass
+    assert stepper.pending_upgrades() == []
+
+
+def test_without_deferral_start_up_compiles_the_buckets_it_captures() -> None:
+    """The default: a compiled bucket's graph is captured compiled at once; nothing is left to upgrade."""
+    stepper = DecodeStepper(
+        make_model("gqa_fast_project"), 9, max_seq_len=64, max_batch=8, length_buckets=[32],
+        compile_backend="inductor", compile_max_batch=2,
+    )  # fmt: skip
+    stepper.use_cuda_graphs = True
+    stepper._record = lambda run: types.SimpleNamespace(replay=run)  # type: ignore[method-assign]
+    stepper.capture_all()
+    assert stepper.pending_upgrades() == [] and stepper._defers(1) is False
+    assert stepper.capture_seconds.keys() >= {"decode_static", "decode_eager"}

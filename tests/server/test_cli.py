@@ -258,3 +258,16 @@ def test_the_pacing_flag_reaches_the_engines_worker_limits() -> None:
     for bad in ("0.5", "0", "61"):
         with pytest.raises(SystemExit, match="--pace-lead-s must be in"):
             parse_settings(["--pace-lead-s", bad])
+
+
+def test_compile_after_ready_reaches_the_backend_config() -> None:
+    """--compile-after-ready on|off (off by default) is the backend's compile_after_ready (the stepper's
+    defer_compile); anything else is refused with the choices."""
+    from server.app import build_gateway
+    from server.settings import parse_settings
+
+    assert build_gateway(parse_settings([])).engine.config.backend.compile_after_ready is False
+    on = build_gateway(parse_settings(["--compile-after-ready", "on"]))
+    assert on.engine.config.backend.compile_after_ready is True
+    with pytest.raises(SystemExit, match="--compile-after-ready must be on or off"):
+        parse_settings(["--compile-after-ready", "yes"])
