@@ -15,8 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
+from bench.ttfa_by_time import first_audio
 from streaming.chunking import SCHEDULES, Latency, sustainable_turn_fraction
 
 FRAME_MS = 2048 / 44100 * 1e3  # one code frame of audio
@@ -30,14 +29,9 @@ def turns_in(rows: list[dict], from_s: float, to_s: float) -> dict[str, float]:
     return {"intervals": len(inside), "turns": turns, "turn_ms": mean, "worst_ms": max((r["turn_ms"] for r in inside), default=0.0)}  # fmt: skip
 
 
-def first_audio_in(requests: list[dict], from_s: float, to_s: float) -> dict[str, float]:
-    """First audio of the requests that started in [from_s, to_s) and got audio: count, p50, p95, underran."""
-    inside = [r for r in requests if from_s <= r["started_s"] < to_s and r.get("ttfa_ms") is not None]
-    if not inside:
-        return {"requests": 0, "p50_ms": 0.0, "p95_ms": 0.0, "underran": 0}
-    p50, p95 = np.percentile([r["ttfa_ms"] for r in inside], [50, 95])
-    return {"requests": len(inside), "p50_ms": float(p50), "p95_ms": float(p95),
-            "underran": sum(1 for r in inside if r.get("underruns"))}  # fmt: skip
+def first_audio_in(requests: list[dict], from_s: float, to_s: float) -> dict:
+    """First audio of the requests that started in [from_s, to_s) and got audio: count, p50, p95, max, underran."""
+    return first_audio([r for r in requests if from_s <= r["started_s"] < to_s and r.get("ttfa_ms") is not None])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,22 +15,23 @@ from pathlib import Path
 import numpy as np
 
 
+def first_audio(requests: list[dict]) -> dict:
+    """Requests (each with a first audio): count, p50, p95, max and how many underran (zeros for none)."""
+    if not requests:
+        return {"requests": 0, "p50_ms": 0.0, "p95_ms": 0.0, "max_ms": 0.0, "underran": 0}
+    ttfa = [r["ttfa_ms"] for r in requests]
+    p50, p95 = np.percentile(ttfa, [50, 95])  # interpolated, as the level summaries (server.ttfa_report)
+    return {"requests": len(ttfa), "p50_ms": float(p50), "p95_ms": float(p95), "max_ms": max(ttfa),
+            "underran": sum(1 for r in requests if r.get("underruns"))}  # fmt: skip
+
+
 def by_start_time(requests: list[dict], bin_s: float) -> list[dict]:
     """Requests with a first audio, grouped by started_s into bins of bin_s: count, p50, p95, max and underran."""
     bins: dict[int, list[dict]] = {}
     for r in requests:
         if r.get("ttfa_ms") is not None:
             bins.setdefault(int(r["started_s"] // bin_s), []).append(r)
-    rows = []
-    for k in sorted(bins):
-        ttfa = [r["ttfa_ms"] for r in bins[k]]
-        p50, p95 = np.percentile(ttfa, [50, 95])  # interpolated, as the level summaries (server.ttfa_report)
-        rows.append({
-            "from_s": k * bin_s, "to_s": (k + 1) * bin_s, "requests": len(ttfa), "p50_ms": float(p50),
-            "p95_ms": float(p95), "max_ms": max(ttfa),
-            "underran": sum(1 for r in bins[k] if r.get("underruns")),
-        })  # fmt: skip
-    return rows
+    return [{"from_s": k * bin_s, "to_s": (k + 1) * bin_s, **first_audio(bins[k])} for k in sorted(bins)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -308,7 +308,7 @@ class DecodeStepper:
         self._ff_rows[:bucket].copy_(rows)
         self._ff_positions[:bucket].copy_(positions)
         self._first_graphs[bucket] = graph
-        (self._uncompiled.add if uncompiled else self._uncompiled.discard)(("first", bucket, 0))
+        self._track_uncompiled(("first", bucket, 0), uncompiled)
         return graph
 
     def start_segment(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, next_pos: int) -> torch.Tensor:
@@ -393,6 +393,13 @@ class DecodeStepper:
         """Whether a capture of this bucket now goes uncompiled first (defer_compile, regions that would compile)."""
         return self.defer_compile and self._compile_backend_for(rows) is not None
 
+    def _track_uncompiled(self, key: tuple[str, int, int], uncompiled: bool) -> None:
+        """Note a graph just captured: uncompiled ones wait for their compiled capture (`pending_upgrades`)."""
+        if uncompiled:
+            self._uncompiled.add(key)
+        else:
+            self._uncompiled.discard(key)
+
     @contextlib.contextmanager
     def _uncompiled_capture(self, on: bool) -> Iterator[None]:
         saved, self._capturing_uncompiled = self._capturing_uncompiled, on or self._capturing_uncompiled
@@ -465,12 +472,13 @@ class DecodeStepper:
         t0 = time.perf_counter()
         with self._uncompiled_capture(uncompiled):
             graph = self._record(lambda: self._run_step(bucket, attn_len))
+            # inside: an uncompiled capture counts as decode_eager
             self.capture_seconds[self._capture_kind(bucket)] += time.perf_counter() - t0
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)
         self._graphs[(bucket, attn_len)] = graph
-        (self._uncompiled.add if uncompiled else self._uncompiled.discard)(("decode", bucket, attn_len))
+        self._track_uncompiled(("decode", bucket, attn_len), uncompiled)
         return graph
 
     def _record(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:

@@ -198,7 +198,8 @@ class Worker:
         self._prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
         self._pending_swaps: list[tuple[int, int]] | None = None  # see _apply_swaps
         self.after_turn: Callable[[], None] | None = None  # called at the end of every turn (the admission queue)
-        self.gc_pauses: GcPauses | None = None  # the engine's collector timing: a slow turn's log says what GC took
+        # the collector's timing for the slow-turn log (the engine sets its own; this uninstalled one never counts)
+        self.gc_pauses = GcPauses()
         # set by a turn in which no stream could advance (all back-pressured; pacing always leaves one): how long
         # run_forever may wait on the command queue before the next turn (a command ends the wait at once)
         self.nap_s = 0.0
@@ -350,7 +351,7 @@ class Worker:
         t0 = time.perf_counter()
         started = 0
         captured, eager = self.b.graphs_captured(), self.b.stepper.eager_prefills
-        gc_s, graph_ms = (self.gc_pauses.pause_s if self.gc_pauses else 0.0), self.b.vocode_graph_ms
+        gc_s, graph_ms = self.gc_pauses.pause_s, self.b.vocode_graph_ms
         for st in list(self.streams.values()):
             if st.phase is Phase.IDLE and st.pending and st.tail_utterance is None:
                 self._start_segment(st)
@@ -398,7 +399,7 @@ class Worker:
                 "eager prompt passes": self.b.stepper.eager_prefills - eager,
                 # what the vocoder's graphs took when timed alone at capture, against the vocode phase above
                 "ms of vocoder graphs": round(self.b.vocode_graph_ms - graph_ms),
-                "ms of GC pauses": round(((self.gc_pauses.pause_s if self.gc_pauses else 0.0) - gc_s) * 1e3),
+                "ms of GC pauses": round((self.gc_pauses.pause_s - gc_s) * 1e3),
             }  # fmt: skip
             self._note_slow_turn(turn_s, phases, counts)
         if self.b.graphs_captured() != captured:  # a graph captured on first use: keep collections short after it
