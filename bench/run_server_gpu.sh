@@ -76,7 +76,7 @@ wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what=
   done
   echo "graphs still missing after ${GRAPH_WAIT_S:-150} s: $left"
 }
-wait_for_graphs
+GRAPH_WAIT_S=${COLD_GRAPH_WAIT_S:-${GRAPH_WAIT_S:-150}} wait_for_graphs  # the first server's wait: COLD_GRAPH_WAIT_S
 run_level() {  # a level is a concurrency, or concurrency:latency (the clients' Fish latency mode, e.g. 300:low)
   level=${1/:/_}
   conc=${1%%:*}
@@ -115,8 +115,9 @@ kill -TERM $SERVER; wait $SERVER
 grep -E "engine ready|ERROR|CRITICAL|slow turn|garbage collection" "$OUT/server.log" | head -30
 # Warm restarts: WARM_RESTART=1 starts once more with WARM_SERVE_ARGS; WARM_VARIANTS="default;--flag a;--flag b"
 # starts once per variant (";"-separated extra flags, "default" for none), each on the cache the first server wrote:
-# its start-up by phase, 8 requests at level 1 right after ready (what a first client meets), then WARM_LEVELS
-# (after the idle captures finish, unless WARM_NO_GRAPH_WAIT=1).
+# its start-up by phase, 8 requests at level 1 right after ready (what a first client meets), with WARM_AFTER_GRAPHS=1
+# the seconds until no graph is missing and 8 more requests then, then WARM_LEVELS (after the idle captures finish,
+# unless WARM_NO_GRAPH_WAIT=1).
 variants=${WARM_VARIANTS:-}
 [ -z "$variants" ] && [ -n "${WARM_RESTART:-}" ] && variants=${WARM_SERVE_ARGS:-default}
 i=0
@@ -130,6 +131,11 @@ for variant in ${variant_list[@]+"${variant_list[@]}"}; do
   curl -s localhost:7860/metrics | grep -oE 'startup_[a-z_]*"} [0-9.]+' | tee -a "$OUT/ready.txt"
   timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$tag" 2>&1 | tail -3
   cp "/tmp/ttfa_$tag/ttfa.json" "$OUT/ttfa_${tag}_1.json" 2>/dev/null
+  if [ -n "${WARM_AFTER_GRAPHS:-}" ]; then  # the idle captures' time to finish, then level 1 on every graph in place
+    ts=$(date +%s); wait_for_graphs; echo "ready → no graph missing: $(( $(date +%s) - ts )) s ($variant)" | tee -a "$OUT/ready.txt"
+    timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_${tag}_after" 2>&1 | tail -3
+    cp "/tmp/ttfa_${tag}_after/ttfa.json" "$OUT/ttfa_${tag}_1_after_graphs.json" 2>/dev/null
+  fi
   [ -n "${WARM_LEVELS:-}" ] && [ -z "${WARM_NO_GRAPH_WAIT:-}" ] && wait_for_graphs
   PROFILE_LEVEL=${WARM_PROFILE_LEVEL:-none} TAG=${tag}_  # py-spy on a warm server: WARM_PROFILE_LEVEL
   for level in ${WARM_LEVELS:-}; do echo "(warm server $i: $variant)" >> "$OUT/turns.txt"; run_level $level; done

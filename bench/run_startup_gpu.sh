@@ -10,7 +10,8 @@
 #   each warm restart: start-up by phase, then 8 requests at level 1 right after ready (what a first client meets)
 # Usage on the GPU machine, repo root, wheels in .whl (carry [".whl"]):   bash bench/run_startup_gpu.sh
 # After run 29: VARIANTS="default;--compile-after-ready on;--compile-after-ready on" (ready before any compile; the
-# compiled graphs replace the uncompiled ones in idle time), after `pytest tests/model/test_gpu.py -k deferred`.
+# compiled graphs replace the uncompiled ones in idle time), after `pytest tests/model/test_gpu.py -k deferred`
+# (GPU_TESTS_K=deferred); WARM_AFTER_GRAPHS=1 times each warm server's idle captures and runs level 1 again after them.
 set -u
 OUT=${OUT:-/tmp/fishgate-startup}
 source bench/device_call.sh
@@ -23,10 +24,14 @@ cached = os.path.isdir(os.path.join(d, "_dynamo", "__pycache__"))
 print(f"torch {torch.__version__} at {d}: folder writable {os.access(d, os.W_OK)}, torch._dynamo bytecode cached "
       f"{cached}, dont_write_bytecode {sys.flags.dont_write_bytecode}, pycache_prefix {sys.pycache_prefix}")
 PY
-OUT=$work SKIP_TESTS=1 LEVELS="" STARTUP_SPY=1 WARM_CONC=16 GRAPH_WAIT_S=90 READY_LIMIT_S=240 \
+if [ -n "${GPU_TESTS_K:-}" ]; then  # GPU tests first (pytest -k), e.g. GPU_TESTS_K=deferred
+  timeout "${GPU_TESTS_LIMIT_S:-150}" python3 -m pytest tests/model/test_gpu.py tests/streaming/test_engine_gpu.py \
+    -k "$GPU_TESTS_K" -q -p no:cacheprovider -rf --tb=short 2>&1 | tee $work/gpu_test.txt | tail -15
+fi
+OUT=$work SKIP_TESTS=1 LEVELS="" STARTUP_SPY=1 WARM_CONC=16 GRAPH_WAIT_S="${GRAPH_WAIT_S:-90}" READY_LIMIT_S=240 \
   SERVE_ARGS="--compile-cache-dir build/cc ${STARTUP_SERVE_ARGS:-}" \
   WARM_VARIANTS="${VARIANTS:-default;--graphs-up-front 1;--compile-symbolic-batch-above 1}" \
-  timeout "${STARTUP_LIMIT_S:-480}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES|startup_[a-z_]*\"|graphs"
+  timeout "${STARTUP_LIMIT_S:-480}" bash bench/run_server_gpu.sh 2>&1 | grep -E "$E2E_LINES|startup_[a-z_]*\"|graphs|graph missing"
 # run 24: did the warm starts find inductor's tuning results? (run 23's warm starts spent 7-10 s in coordinate-descent
 # tuning.) The .best_config files in the cache, how many say found_by_coordesc, and the device torch's own reading
 # of them (its autotune cache module and the tuner's entry point, copied out to be read on the CPU machine)

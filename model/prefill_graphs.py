@@ -10,7 +10,8 @@ Padding is `prefill_many`'s: a prompt shorter than the chunk bucket is followed 
 position after the prompt (the row's next write overwrites them before anything reads them), so that position must
 lie inside the attention bucket and the context. Rows missing from a rows bucket gather and scatter `scratch_row`,
 which no stream reads. A call that fits no bucket returns None and the caller runs the eager `prefill_many`.
-Graphs are captured lazily, on first use or one at a time in idle time (`capture_next`), never all up front.
+Graphs are captured on first use, one at a time in idle time (`capture_next`), or those of few rows at start-up
+(`capture_up_to`: the engine's `prefill_graphs_up_front`).
 """
 
 from __future__ import annotations
@@ -155,6 +156,17 @@ class StaticPrefill:
             return []
         grid = [(r, c, n) for r in self.row_buckets for n in self.length_buckets for c in PREFILL_CHUNK_BUCKETS]
         return [bucket for bucket in grid if bucket not in self.graphs]
+
+    def capture_up_to(self, max_rows: int, after_each: Callable[[], object] | None = None) -> int:
+        """Capture every missing bucket of at most `max_rows` prompts (start-up: a first request's prompt then replays
+        graphs instead of capturing them inside its turns); `after_each` runs after each capture. Returns how many
+        were captured (0 without graphs)."""
+        todo = [bucket for bucket in self.missing_graphs() if bucket[0] <= max_rows]
+        for bucket in todo:
+            self.capture(bucket)
+            if after_each is not None:
+                after_each()
+        return len(todo)
 
     def capture_next(self) -> bool:
         """Capture one missing bucket (for idle time: it touches the scratch row only); False when none is missing."""

@@ -128,6 +128,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
                 graph_first_frames=settings.graph_first_frames == "on",
                 graph_prefill={"on": True, "off": False}.get(settings.graph_prefill),
                 prefill_max_rows=settings.prefill_max_rows,
+                prefill_graphs_up_front=settings.prefill_graphs_up_front,
                 batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
                 compile_max_batch=settings.compile_max_batch,
                 compile_vocoder=settings.compile_vocoder == "on",

@@ -59,6 +59,13 @@ class Settings:
                   "it; each bucket adds prefill graphs captured in idle time). H200 run 19: a pass of 8 short prompts "
                   "4.66 ms against 3.86 ms for 4, so 0.58 against 0.96 ms a prompt; 8 not yet measured end to end"},
     )  # fmt: skip
+    prefill_graphs_up_front: int = field(
+        default=1,
+        metadata={"help": "GPU: capture the prefill graphs of up to this many prompts per pass before reporting ready "
+                  "(0 = none; the rest are captured while the engine is idle, or on first use). 1 = the 12 one-row "
+                  "buckets, ~0.1 s each: without them the first requests after ready paid captures inside their "
+                  "turns (H200 run 29: level-1 p95 first audio 268-546 ms over the first 8 requests)"},
+    )  # fmt: skip
     compile_max_batch: int | None = field(
         default=None,
         metadata={"help": "torch.compile the decode step's repeated regions (transformer block, sampler, noise hash) "
@@ -354,6 +361,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --compile-max-batch must be 0 (off) or a number of rows")
     if settings.prefill_max_rows not in (1, 2, 4, 8, 16):
         raise SystemExit("fishgate: --prefill-max-rows must be 1, 2, 4, 8 or 16")
+    if settings.prefill_graphs_up_front not in (0, 1, 2, 4, 8, 16):
+        raise SystemExit("fishgate: --prefill-graphs-up-front must be 0 (none) or a row bucket: 1, 2, 4, 8 or 16")
     if settings.graphs_up_front is not None and settings.graphs_up_front < 1:
         raise SystemExit("fishgate: --graphs-up-front must be at least 1 (leave it out to capture every graph)")
     return settings

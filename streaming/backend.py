@@ -99,6 +99,10 @@ class BackendConfig:
     # prompts of 64 tokens in 4.66 ms against 4 in 3.86 ms, a prompt 0.96 → 0.58 ms; the end-to-end effect of 8 is
     # not measured yet: 4. Passes of more rows gather more KV into scratch (PREFILL_SCRATCH_POSITIONS still splits).
     prefill_max_rows: int = 4
+    # prefill graphs of up to this many prompts per pass captured before ready (0: none; every other one in idle
+    # time or on first use). H200 run 29: the first 8 requests after ready met first-use prefill captures, turns of
+    # 102-161 ms and a level-1 p95 of 268-546 ms; the one-row buckets are 3 chunks x 4 context lengths, ~0.1 s each
+    prefill_graphs_up_front: int = 1
     # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off,
     # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (no graph hides the compiled calls'
     # guard checks there: the default voice's step went 26 → 38 ms). Run 12 (H200, full-size model): batch-1 step
@@ -652,6 +656,11 @@ class Backend:
         # collections growing from 85 to 784 ms, 6.8 s of a cold start and 2.3 s of a warm one).
         freeze_startup_objects()
         n = self.stepper.capture_all(self.config.graphs_up_front, after_each=freeze_new_objects)
+        prefill, rows = self.stepper.static_prefill, self.config.prefill_graphs_up_front
+        if prefill is not None and rows > 0:
+            t1 = time.perf_counter()
+            prefill.capture_up_to(rows, after_each=freeze_new_objects)
+            self.timings_s["capture_prefill"] = time.perf_counter() - t1
         self.timings_s["capture_graphs"] = time.perf_counter() - t0
         for kind, seconds in self.stepper.capture_seconds.items():  # its parts (model.stepper capture_seconds)
             self.timings_s[f"capture_{kind}"] = seconds

@@ -150,6 +150,11 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
         parse_settings(["--graph-prefill", "yes"])
     with pytest.raises(SystemExit, match="--graphs-up-front must be at least 1"):
         parse_settings(["--graphs-up-front", "0"])
+    assert parse_settings([]).prefill_graphs_up_front == 1  # the one-row prefill graphs before ready
+    assert parse_settings(["--prefill-graphs-up-front", "0"]).prefill_graphs_up_front == 0
+    assert parse_settings([], {"FISHGATE_PREFILL_GRAPHS_UP_FRONT": "4"}).prefill_graphs_up_front == 4
+    with pytest.raises(SystemExit, match=r"--prefill-graphs-up-front must be 0 \(none\) or a row bucket"):
+        parse_settings(["--prefill-graphs-up-front", "3"])
     assert parse_settings([]).compile_max_batch is None  # auto: 8 on a GPU with CUDA graphs, off on CPU (backend)
     assert parse_settings(["--compile-max-batch", "0"]).compile_max_batch == 0
     assert parse_settings(["--compile-max-batch", "8"]).compile_max_batch == 8

@@ -117,3 +117,39 @@ def test_voice_prefix_tokens_are_built_once_per_voice_and_bounded(monkeypatch) -
         with pytest.raises(ValueError, match="must lie in"):
             b.prefix_tokens([("Hello there.", bad)])
     assert len(built) == 6 and b.prefix_tokens([]) is None
+
+
+@pytest.mark.parametrize("up_front", [0, 1, 2])
+def test_start_up_captures_the_prefill_graphs_of_few_rows(up_front: int) -> None:
+    """--prefill-graphs-up-front N: start-up captures every prefill bucket of at most N prompts (each frozen out of
+    later collections like the decode graphs), so a first request's prompt replays graphs instead of capturing them
+    in its turns; the larger buckets stay for idle time. On CPU a stand-in recorder runs each capture once."""
+    import types
+
+    b = Backend(
+        BackendConfig(max_sessions=4, batch_invariant=False, graph_prefill=True, prefill_graphs_up_front=up_front)
+    )
+    static = b.stepper.static_prefill
+    assert static is not None
+    recorded: list[object] = []
+
+    def record(run):
+        run()
+        recorded.append(run)
+        return types.SimpleNamespace(replay=run)
+
+    static._record = record  # what a GPU stepper passes it (its _record); None on CPU
+    grid = [(r, c, n) for r in static.row_buckets for n in static.length_buckets for c in (64, 128, 256)]
+    assert static.missing_graphs() == grid and len(grid) == 3 * 3 * len(static.length_buckets)
+    b.capture_graphs()
+    assert sorted(static.graphs) == sorted(bucket for bucket in grid if bucket[0] <= up_front)
+    assert len(recorded) == len(static.graphs)
+    assert ("capture_prefill" in b.timings_s) == (up_front > 0)
+    # a one-row prompt now replays (no capture), and its result is the eager pass's
+    tokens = prompts(b)[1]
+    eager = Backend(BackendConfig(max_sessions=4, batch_invariant=False, graph_prefill=False))
+    expected = eager.prefill_many([0], [tokens], [0])
+    before = len(recorded)
+    got = b.prefill_many([0], [tokens], [0])
+    assert len(recorded) - before == (up_front == 0), "a one-row prompt captured at first use despite up-front graphs"
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
