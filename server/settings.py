@@ -63,8 +63,8 @@ class Settings:
         default=1,
         metadata={"help": "GPU: capture the prefill graphs of up to this many prompts per pass before reporting ready "
                   "(0 = none; the rest are captured while the engine is idle, or on first use). 1 = the 12 one-row "
-                  "buckets, ~0.1 s each: without them the first requests after ready paid captures inside their "
-                  "turns (H200 run 29: level-1 p95 first audio 268-546 ms over the first 8 requests)"},
+                  "buckets, 1.4-3.1 s of start-up on an H200 (run 30): without them the first requests after ready "
+                  "paid captures inside their turns (2 of 8 requests at 255 and 370 ms)"},
     )  # fmt: skip
     compile_max_batch: int | None = field(
         default=None,

@@ -100,8 +100,8 @@ class BackendConfig:
     # not measured yet: 4. Passes of more rows gather more KV into scratch (PREFILL_SCRATCH_POSITIONS still splits).
     prefill_max_rows: int = 4
     # prefill graphs of up to this many prompts per pass captured before ready (0: none; every other one in idle
-    # time or on first use). H200 run 29: the first 8 requests after ready met first-use prefill captures, turns of
-    # 102-161 ms and a level-1 p95 of 268-546 ms; the one-row buckets are 3 chunks x 4 context lengths, ~0.1 s each
+    # time or on first use). The one-row buckets are 3 chunks x 4 context lengths: H200 run 30, 1.4-3.1 s of start-up;
+    # without them 2 of the first 8 requests after ready met a capture in their turn (255 and 370 ms), with them none
     prefill_graphs_up_front: int = 1
     # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off,
     # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (no graph hides the compiled calls'
