@@ -120,6 +120,10 @@ grep -E "engine ready|ERROR|CRITICAL|slow turn|garbage collection" "$OUT/server.
 # unless WARM_NO_GRAPH_WAIT=1).
 variants=${WARM_VARIANTS:-}
 [ -z "$variants" ] && [ -n "${WARM_RESTART:-}" ] && variants=${WARM_SERVE_ARGS:-default}
+level1_requests() {  # 8 requests at level 1, one after another (what a first client meets): $OUT/ttfa_$1.json
+  timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$1" 2>&1 | tail -3
+  cp "/tmp/ttfa_$1/ttfa.json" "$OUT/ttfa_$1.json" 2>/dev/null
+}
 i=0
 IFS=';' read -ra variant_list <<< "$variants"
 for variant in ${variant_list[@]+"${variant_list[@]}"}; do
@@ -129,12 +133,10 @@ for variant in ${variant_list[@]+"${variant_list[@]}"}; do
   ts=$(date +%s); serve "server_$tag.log" "$variant"
   echo "warm start → ready: $(( $(date +%s) - ts )) s ($variant)" | tee -a "$OUT/ready.txt"
   curl -s localhost:7860/metrics | grep -oE 'startup_[a-z_]*"} [0-9.]+' | tee -a "$OUT/ready.txt"
-  timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$tag" 2>&1 | tail -3
-  cp "/tmp/ttfa_$tag/ttfa.json" "$OUT/ttfa_${tag}_1.json" 2>/dev/null
+  level1_requests "${tag}_1"
   if [ -n "${WARM_AFTER_GRAPHS:-}" ]; then  # the idle captures' time to finish, then level 1 on every graph in place
     ts=$(date +%s); wait_for_graphs; echo "ready → no graph missing: $(( $(date +%s) - ts )) s ($variant)" | tee -a "$OUT/ready.txt"
-    timeout 60 $TTFA --concurrency 1 --requests 8 --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_${tag}_after" 2>&1 | tail -3
-    cp "/tmp/ttfa_${tag}_after/ttfa.json" "$OUT/ttfa_${tag}_1_after_graphs.json" 2>/dev/null
+    level1_requests "${tag}_1_after_graphs"
   fi
   [ -n "${WARM_LEVELS:-}" ] && [ -z "${WARM_NO_GRAPH_WAIT:-}" ] && wait_for_graphs
   PROFILE_LEVEL=${WARM_PROFILE_LEVEL:-none} TAG=${tag}_  # py-spy on a warm server: WARM_PROFILE_LEVEL
