@@ -188,7 +188,13 @@ def measure(
             break
         fill_rows(st, b, seed=b)
         t0 = time.perf_counter()
-        graph = st.capture(b, length)
+        try:
+            graph = st.capture(b, length)
+        except Exception as e:  # keep the batches measured so far (a failed compile or out of memory at the largest)
+            out.setdefault("failed_batches", {})[b] = f"{type(e).__name__}: {str(e)[:500]}"
+            print(f"{name} batch {b} FAILED: {out['failed_batches'][b]}", flush=True)
+            torch.cuda.empty_cache()
+            continue
         r: dict[str, Any] = {"batch": b, "capture_s": time.perf_counter() - t0}
         r["graph_ms"] = event_ms(graph.replay, iters=30)
         r["step_call_ms"] = wall_ms(lambda b=b: st.step(b, int(st.pos[:b].max())), "cuda", iters=20, warmup=2)
