@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"{args.vocoder_json}: no vocoder call of {STEADY_CHUNK_FRAMES} frames")
     rows = combine(ours, calls)
     result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "env": step.get("env"),
         "step_variant": args.step_variant,
         "vocoder_ms_24_frames": calls,
         "rows": rows,
