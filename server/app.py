@@ -149,6 +149,7 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
             WorkerLimits(
                 admission_turn_fraction=settings.admission_turn_fraction,
                 admission_per_turn=settings.admission_per_turn,
+                admission_capacity_fraction=settings.admission_capacity_fraction,
                 prefill_step_share=settings.prefill_step_share,
                 prefill_hold_below_s=settings.prefill_hold_below_s,
                 prefill_hold_max_s=settings.prefill_hold_max_s,

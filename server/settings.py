@@ -203,6 +203,14 @@ class Settings:
                   "streams the last turns say fit that limit, so a burst comes in a few turns at a time. E.g. 0.9; "
                   "off by default (only --max-sessions limits admission)", "shown_default": "off"},
     )  # fmt: skip
+    admission_capacity_fraction: float | None = field(
+        default=None,
+        metadata={"help": "with --admission-turn-fraction: the share of a frame's 46 ms that the capacity cap fits "
+                  "the streams with work into, when it should be tighter than the turn fraction (which still decides "
+                  "when the engine is behind). A stream whose chunks are still growing needs turns of at most 0.67 "
+                  "of a frame; e.g. 0.67 with a turn fraction of 0.9. Default: the turn fraction",
+                  "shown_default": "the turn fraction"},
+    )  # fmt: skip
     prefill_step_share: float | None = field(
         default=None,
         metadata={"help": "while streams decode, a turn writes only the new prompt tokens that fit in this share of "
@@ -341,6 +349,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise SystemExit("fishgate: --max-connections must be at least 1 (leave it out for the default)")
     if settings.admission_turn_fraction is not None and not 0 < settings.admission_turn_fraction <= 2:
         raise SystemExit("fishgate: --admission-turn-fraction must be in (0, 2] (e.g. 0.9) or off")
+    if settings.admission_capacity_fraction is not None and not 0 < settings.admission_capacity_fraction <= 2:
+        raise SystemExit("fishgate: --admission-capacity-fraction must be in (0, 2] (e.g. 0.67) or off")
     if settings.vocoder_merge_padding < 0:
         raise SystemExit("fishgate: --vocoder-merge-padding must be at least 0 (0: off)")
     if settings.admission_per_turn is not None and settings.admission_per_turn < 1:

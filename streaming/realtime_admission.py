@@ -16,6 +16,12 @@ low at light load and rises turn by turn towards the real capacity (1 row in 3 m
 in a few turns' worth at a time instead of all at once. Before the first decoding turn it is one stream; it survives
 idle periods (it describes the engine, not the moment). Off unless configured (`--admission-turn-fraction`).
 
+The capacity may use a tighter limit than the "behind" guard (`--admission-capacity-fraction`): a stream whose
+chunks are still growing needs turns of at most 2/3 of a frame (streaming.chunking.sustainable_turn_fraction), a
+stream in steady chunks only under one frame. H200 runs 29-30: at 384 streams the bench's 0.9 let every session in,
+full-load turns were 31.6-38.6 ms, and 2.7-14.5 % of requests underran briefly; tightening the one limit to 0.65
+instead tripped the "behind" guard on the first wave's long turns and held newcomers back at 300 streams too.
+
 Optionally (`--admission-per-turn N`) at most N sessions are admitted between two decoding turns: when room opens
 after the engine was behind, the sessions waiting for it would otherwise start their prompts in the same turns, just
 as their young streams have the least margin (stand-in device at 300 streams: 1 % of requests underran with 4,
@@ -32,15 +38,24 @@ STALE_S = 1.0  # no decoding turn for this long (or 4 average turns, if longer):
 
 
 class RealtimeAdmission:
-    def __init__(self, frame_s: float, max_turn_fraction: float | None, max_per_turn: int | None = None) -> None:
-        if max_turn_fraction is not None and not 0 < max_turn_fraction <= 2:
-            raise ValueError(f"max_turn_fraction must be in (0, 2], got {max_turn_fraction}")
+    def __init__(
+        self,
+        frame_s: float,
+        max_turn_fraction: float | None,
+        max_per_turn: int | None = None,
+        capacity_fraction: float | None = None,
+    ) -> None:
+        for name, value in (("max_turn_fraction", max_turn_fraction), ("capacity_fraction", capacity_fraction)):
+            if value is not None and not 0 < value <= 2:
+                raise ValueError(f"{name} must be in (0, 2], got {value}")
         if max_per_turn is not None and max_per_turn < 1:
             raise ValueError(f"max_per_turn must be at least 1, got {max_per_turn}")
         self.max_per_turn = max_per_turn  # sessions admitted between two decoding turns, at most (None: no cap)
         self.admitted_since_turn = 0
         self.frame_s = frame_s
         self.limit_s = None if max_turn_fraction is None else max_turn_fraction * frame_s
+        # the turn the capacity estimate fits the streams into (None: the limit's)
+        self.capacity_limit_s = None if self.limit_s is None else (capacity_fraction or max_turn_fraction) * frame_s
         self.turn_avg_s = 0.0
         self.rows_avg = 0.0
         self.behind = False
@@ -77,12 +92,12 @@ class RealtimeAdmission:
         """Streams with work that the limit allows, estimated from the last turns (None: off). Before the first
         decoding turn nothing is known, so one: a burst at a fresh server waits a turn for the first estimate
         instead of flooding in."""
-        if self.limit_s is None:
+        if self.capacity_limit_s is None:
             return None
         if self.turn_avg_s <= 0:
             return 1.0
         # at least one: an engine too slow for even one stream in real time still serves one at a time
-        return max(1.0, self.limit_s * max(self.rows_avg, 1.0) / self.turn_avg_s)
+        return max(1.0, self.capacity_limit_s * max(self.rows_avg, 1.0) / self.turn_avg_s)
 
     def note_admitted(self) -> None:
         """A session was admitted (under the engine's lock, with the refusal check)."""
@@ -118,6 +133,6 @@ class RealtimeAdmission:
             )
             return (
                 f"the engine is at its real-time capacity: {working} streams have work and {basis}; retry later "
-                "(--admission-turn-fraction sets the limit)"
+                "(--admission-turn-fraction and --admission-capacity-fraction set the limit)"
             )
         return None

@@ -117,6 +117,9 @@ class WorkerLimits:
     # with the admission on: new sessions admitted between two decoding turns, at most (the rest wait for the next
     # turn in the admission queue), so a wave let in when room opens does not start together. None = no cap.
     admission_per_turn: int | None = None
+    # with the admission on: the share of a frame the capacity estimate fits the streams with work into, when it
+    # should be tighter than admission_turn_fraction (2/3: what streams whose chunks still grow need). None = the same.
+    admission_capacity_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_tails_per_turn is not None and self.max_tails_per_turn < 1:
@@ -187,7 +190,10 @@ class Worker:
         self.rate_hz = backend.info.sample_rate_hz
         self.idle_streams = 0  # set at the end of each turn while admission is on (see turn); read by other threads
         self.admission = RealtimeAdmission(
-            backend.info.samples_per_frame / self.rate_hz, limits.admission_turn_fraction, limits.admission_per_turn
+            backend.info.samples_per_frame / self.rate_hz,
+            limits.admission_turn_fraction,
+            limits.admission_per_turn,
+            limits.admission_capacity_fraction,
         )
         self._prefill_held_since: float | None = None
         self._slow_logged_at = -float("inf")

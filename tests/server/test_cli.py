@@ -170,6 +170,10 @@ def test_settings_reject_bad_graph_and_session_counts() -> None:
     assert parse_settings(["--admission-turn-fraction", "off"]).admission_turn_fraction is None
     with pytest.raises(SystemExit, match="--admission-turn-fraction must be in"):
         parse_settings(["--admission-turn-fraction", "3"])
+    assert parse_settings([]).admission_capacity_fraction is None
+    assert parse_settings(["--admission-capacity-fraction", "0.67"]).admission_capacity_fraction == 0.67
+    with pytest.raises(SystemExit, match="--admission-capacity-fraction must be in"):
+        parse_settings(["--admission-capacity-fraction", "0"])
     assert parse_settings([]).compile_symbolic_batch_above == 8
     assert parse_settings(["--compile-symbolic-batch-above", "512"]).compile_symbolic_batch_above == 512
     with pytest.raises(SystemExit, match="--compile-symbolic-batch-above must be at least 1"):

@@ -255,3 +255,33 @@ def test_admit_waits_while_deferred_then_admits_or_refuses_saying_how_long_it_wa
             assert heard.done is not None and heard.done.reason == "stop" and len(heard.pcm) > 0
 
     asyncio.run(main())
+
+
+def test_a_tighter_capacity_fraction_caps_streams_below_the_behind_limit() -> None:
+    """--admission-capacity-fraction: the capacity cap fits the streams into that share of a frame while the "behind"
+    guard keeps the turn fraction's limit: a burst settles near the streams whose turns fit 2/3 of a frame, and a turn
+    between the two limits does not close admission."""
+    fixed_s, per_row_s = 0.003, 0.00008
+
+    def settle(guard: RealtimeAdmission) -> int:
+        working, t = 1, 0.0
+        for _ in range(80):
+            t += 0.05
+            guard.record_turn(fixed_s + per_row_s * working, rows=working, now=t)
+            while working < 2000 and guard.refusal(working=working, now=t) is None:
+                working += 1
+        return working
+
+    tight = RealtimeAdmission(FRAME_S, 0.9, capacity_fraction=2 / 3)
+    assert tight.capacity_limit_s == pytest.approx(2 / 3 * FRAME_S) and tight.limit_s == pytest.approx(0.9 * FRAME_S)
+    fits_tight = (2 / 3 * FRAME_S - fixed_s) / per_row_s  # 349 streams
+    fits_loose = (0.9 * FRAME_S - fixed_s) / per_row_s  # 485 streams
+    assert 0.9 * fits_tight <= settle(tight) <= fits_tight
+    assert 0.9 * fits_loose <= settle(RealtimeAdmission(FRAME_S, 0.9)) <= fits_loose
+    between = RealtimeAdmission(FRAME_S, 0.9, capacity_fraction=2 / 3)
+    between.record_turn(0.8 * FRAME_S, rows=400, now=1.0)  # past the capacity's turn, under the limit: not behind
+    assert not between.behind_now(now=1.0)
+    message = between.refusal(working=400, now=1.0)
+    assert message is not None and "--admission-capacity-fraction" in message
+    with pytest.raises(ValueError, match="capacity_fraction"):
+        RealtimeAdmission(FRAME_S, 0.9, capacity_fraction=3)
