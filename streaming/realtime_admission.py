@@ -53,9 +53,11 @@ class RealtimeAdmission:
         self.max_per_turn = max_per_turn  # sessions admitted between two decoding turns, at most (None: no cap)
         self.admitted_since_turn = 0
         self.frame_s = frame_s
-        self.limit_s = None if max_turn_fraction is None else max_turn_fraction * frame_s
-        # the turn the capacity estimate fits the streams into (None: the limit's)
-        self.capacity_limit_s = None if self.limit_s is None else (capacity_fraction or max_turn_fraction) * frame_s
+        self.limit_s: float | None = None
+        self.capacity_limit_s: float | None = None  # the turn the capacity estimate fits the streams into
+        if max_turn_fraction is not None:
+            self.limit_s = max_turn_fraction * frame_s
+            self.capacity_limit_s = (capacity_fraction or max_turn_fraction) * frame_s
         self.turn_avg_s = 0.0
         self.rows_avg = 0.0
         self.behind = False
