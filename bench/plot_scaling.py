@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     ax.set_xlabel("concurrent streams (batch)")
     ax.set_ylabel("real-time streams sustained")
     date = scaling.get("date", "2026-12")
+    if scaling.get("vocoder_date") not in (None, date):
+        date = f"{date}, vocoder {scaling['vocoder_date']}"
     ax.set_title(f"H200, full-size Fish 1.5 config, bf16 (sweep {date})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

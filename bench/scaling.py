@@ -3,10 +3,12 @@ call (bench/run_scaling_gpu.sh), combined into what one engine turn costs at eac
 
 A turn advances every stream one frame (46.4 ms of audio) and vocodes what the streams' chunks completed. At steady
 state a stream sends a 24-frame chunk (the last size of every chunk schedule) every 24 turns, so a turn at batch B
-vocodes B/24 rows × 24 frames on average, in calls of r rows (the smallest measured row count that holds ⌈B/24⌉,
-at most the engine's 64-row vocoder batch). So
+vocodes B/24 rows × 24 frames on average, in calls of r = ⌈B/24⌉ rows (at most the engine's 64-row vocoder batch),
+each planned as the engine plans it (model.vocoder_graphs.cheapest_plan): its own bucket (the smallest measured row
+count that holds r) once, or another bucket's graph replayed where that is much cheaper — the engine's way round
+cuDNN's pathological conv shapes (run 31: 32 × 24 frames took 107 ms, 64 × 24 took 30). So
 
-    turn(B)      = step(B) + (B/24) / r × vocoder(r × 24)
+    turn(B)      = step(B) + (B/24) / r × plan_ms(r)
     sustained(B) = B × 46.4 ms / turn(B)          real-time streams the GPU work of one turn can carry
     schedule line: turn ≤ 2/3 × 46.4 = 31.0 ms     what the chunk schedules need while streams ramp up
                                                    (streaming.chunking.sustainable_turn_fraction)
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fullsize import FRAME_RATE_HZ
+from model.vocoder_graphs import cheapest_plan
 
 FRAME_MS = 1000.0 / FRAME_RATE_HZ  # 46.4 ms of audio a frame
 STEADY_CHUNK_FRAMES = 24  # every chunk schedule's last size (streaming.chunking.SCHEDULES)
@@ -51,12 +54,16 @@ def vocoder_times(vocoder: dict[str, Any], frames: int = STEADY_CHUNK_FRAMES) ->
     return out
 
 
-def vocoder_ms_per_turn(batch: int, calls: dict[int, float]) -> tuple[float, int]:
-    """(ms, rows a call) of the vocoder work one turn at `batch` streams carries on average."""
+def vocoder_ms_per_turn(batch: int, calls: dict[int, float]) -> tuple[float, str]:
+    """(ms, the call's plan: rows, or rows→bucket×replays where rerouted) of the vocoder work one turn at `batch` streams
+    carries on average."""
     need = min(math.ceil(batch / STEADY_CHUNK_FRAMES), VOCODER_MAX_ROWS)
     fits = [r for r in calls if r >= need]
-    rows = min(fits) if fits else max(calls)
-    return batch / STEADY_CHUNK_FRAMES / rows * calls[rows], rows
+    own = min(fits) if fits else max(calls)
+    rows = min(need, own)
+    bucket, replays = cheapest_plan(rows, own, calls)
+    plan = str(own) if (bucket, replays) == (own, 1) else f"{own}→{replays}×{bucket}"
+    return batch / STEADY_CHUNK_FRAMES / rows * replays * calls[bucket], plan
 
 
 def combine(step: dict[int, dict[str, float]], calls: dict[int, float]) -> list[dict[str, float]]:
@@ -71,7 +78,7 @@ def combine(step: dict[int, dict[str, float]], calls: dict[int, float]) -> list[
             "decode_frames_per_s": b * 1e3 / step[b]["graph_ms"],
             "decode_streams": b * FRAME_MS / step[b]["graph_ms"],
             "vocoder_ms_per_turn": voc,
-            "vocoder_rows_per_call": voc_rows,
+            "vocoder_plan": voc_rows,
             "turn_ms": turn,
             "frames_per_s": b * 1e3 / turn,
             "sustained_streams": b * FRAME_MS / turn,
@@ -103,7 +110,7 @@ def table(rows: list[dict[str, float]], anchor: dict[int, dict[str, float]] | No
         plain = f"{anchor[r['batch']]['graph_ms']:.2f}" if anchor and r["batch"] in anchor else "—"
         lines.append(
             f"| {r['batch']} | {r['graph_ms']:.2f} | {plain} | {r['decode_streams']:,.0f} | "
-            f"{r['vocoder_ms_per_turn']:.2f} ({r['vocoder_rows_per_call']}) | {r['turn_ms']:.2f} | "
+            f"{r['vocoder_ms_per_turn']:.2f} ({r['vocoder_plan']}) | {r['turn_ms']:.2f} | "
             f"{r['frames_per_s']:,.0f} | {r['sustained_streams']:,.0f} | {'yes' if r['within_schedule_line'] else 'no'} |"
         )
     return "\n".join(lines)
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"{args.vocoder_json}: no vocoder call of {STEADY_CHUNK_FRAMES} frames")
     rows = combine(ours, calls)
     result = {
-        "date": time.strftime("%Y-%m-%d"),
+        "date": (step.get("env") or {}).get("date") or time.strftime("%Y-%m-%d"),  # when the sweeps were measured
+        "vocoder_date": (vocoder.get("environment") or vocoder.get("env") or {}).get("date"),
         "env": step.get("env"),
         "step_variant": args.step_variant,
         "vocoder_ms_24_frames": calls,
