@@ -101,7 +101,7 @@ run_level() {  # a level is a concurrency, or concurrency:latency (the clients' 
   python3 bench/turn_attribution.py "/tmp/metrics_before_$level.txt" "/tmp/metrics_after_$level.txt" --level "$level" \
     | tee -a "$OUT/turns.txt"
   cp "/tmp/metrics_after_$level.txt" "$OUT/metrics_${TAG:-}$level.txt"
-  grep -E 'what="(slow_turns|turn_max_seconds|gc_[a-z_]*|admission_[a-z]*|vocode_rerouted_calls|graphs_captured|prefill_eager_calls)"' "/tmp/metrics_after_$level.txt" \
+  grep -E 'what="(slow_turns|turn_max_seconds|gc_[a-z_]*|admission_[a-z]*|vocode_rerouted_calls|decode_routed_steps|graphs_captured|prefill_eager_calls)"' "/tmp/metrics_after_$level.txt" \
     | sed 's/^fishgate_engine{what="\([a-z_]*\)"} /  \1 /' | tr '\n' ' ' | tee -a "$OUT/turns.txt"; echo | tee -a "$OUT/turns.txt"
   if [ -f "$OUT/spy_$level.txt" ]; then
     python3 bench/spy_summary.py "$OUT/spy_$level.txt" --seconds "${PROFILE_S:-20}" --rate 100 --top 10 \

@@ -80,6 +80,28 @@ def capturable_buckets(missing: list[tuple[int, int]], row_positions: Sequence[i
     return [(b, n) for b, n in missing if max(row_positions[:b], default=0) < n]
 
 
+# A step runs in a larger captured bucket than its own when that bucket's graph replayed in under this share of the
+# own one's time at capture. Inductor's kernels for some batch sizes are slower than for larger ones (H200, run 31:
+# 64 rows 5.46-5.69 ms, 96 rows 6.68, 128 rows 4.93-4.94: at 64 rows two of the sampler's vocabulary reductions took
+# 1.6 ms). Replay times repeat within ~1-2 %; the margin keeps noise from moving a step.
+ROUTE_BELOW = 0.95
+TIMED_REPLAYS = 5  # replays timed after each decode capture (after one untimed), on the capture's zeroed commit flags
+
+
+def fastest_bucket(own: int, replay_ms: dict[int, float]) -> int:
+    """The batch bucket a step of bucket `own` runs in: the captured bucket ≥ own that replayed fastest, where that is
+    under ROUTE_BELOW of own's time; else own (also when own was not timed). `replay_ms`: bucket → ms at one
+    attention length."""
+    own_ms = replay_ms.get(own)
+    if own_ms is None:
+        return own
+    best, best_ms = own, own_ms * ROUTE_BELOW
+    for bucket, ms in sorted(replay_ms.items()):
+        if bucket > own and ms < best_ms:
+            best, best_ms = bucket, ms
+    return best
+
+
 # start_segments batches (prompts finishing in one turn) captured as graphs up to this size; larger ones run eagerly
 FIRST_FRAME_MAX_BATCH = 16
 
@@ -160,6 +182,9 @@ class DecodeStepper:
         self.out = zeros(n_rows, width)
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # each decode graph's replay time at capture, ms (CUDA): steps route to a faster larger bucket (fastest_bucket)
+        self.replay_ms: dict[tuple[int, int], float] = {}
+        self.routed_steps = 0  # steps run in a larger bucket than their own because it replayed faster
         # the (batch bucket, attention length) the last step ran at: a step reads every row's keys up to the length
         # bucket, so one row past a bucket edge moves the whole batch to the next (a /metrics gauge)
         self.last_bucket = (0, 0)
@@ -358,6 +383,14 @@ class DecodeStepper:
         n = self.length_buckets[bisect.bisect_right(self.length_buckets, max_pos)]
         return b, n
 
+    def route(self, bucket: int, attn_len: int) -> int:
+        """The bucket a step of (bucket, attn_len) runs in (`fastest_bucket` among the timed graphs). Only at the full
+        cache length: a larger bucket also steps rows past `rows` (free or idle rows, commit off), which write K/V at
+        their positions, and only the full length is sure to hold every row's position."""
+        if attn_len != self.cache.max_seq_len or not self.replay_ms:
+            return bucket
+        return fastest_bucket(bucket, {b: ms for (b, n), ms in self.replay_ms.items() if n == attn_len})
+
     def _noise(self, seed: torch.Tensor, step: torch.Tensor, vocab: int) -> NoiseFn:
         c = self.model.config
         return frame_noise(seed, step, vocab, c.num_codebooks, c.codebook_size)
@@ -442,7 +475,9 @@ class DecodeStepper:
         host — the step's only device→host copy and its only sync. Positions must stay below `max_seq_len`.
         `while_running` is called once the step is queued on the device, before the host waits for it (the engine
         collects the vocoder's audio there, decoded on another stream meanwhile)."""
-        bucket, attn_len = self.bucket_for(rows, max_pos)
+        own, attn_len = self.bucket_for(rows, max_pos)
+        bucket = self.route(own, attn_len)
+        self.routed_steps += bucket != own
         self.last_bucket = (bucket, attn_len)
         if self.use_cuda_graphs:
             graph = self._graphs.get((bucket, attn_len))
@@ -474,6 +509,8 @@ class DecodeStepper:
             graph = self._record(lambda: self._run_step(bucket, attn_len))
             # inside: an uncompiled capture counts as decode_eager
             self.capture_seconds[self._capture_kind(bucket)] += time.perf_counter() - t0
+        if self.device.type == "cuda":  # timed while commit is zeroed: the replays redo the warm-up's writes
+            self.replay_ms[(bucket, attn_len)] = _time_replays(graph)
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)
@@ -567,3 +604,15 @@ class DecodeStepper:
             self._capture_first_frames(first[0], compile_now=True)
             return True
         return False
+
+
+def _time_replays(graph: torch.cuda.CUDAGraph) -> float:
+    """Milliseconds per replay of a freshly captured graph: one untimed replay, then TIMED_REPLAYS between events."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(TIMED_REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / TIMED_REPLAYS

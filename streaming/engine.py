@@ -324,6 +324,8 @@ class Engine:
             "vocode_graph_seconds": round(w.b.vocode_graph_ms / 1e3, 4),
             # vocoder calls run on another batch bucket's graph than their own: that one replayed slower (GPU)
             "vocode_rerouted_calls": w.b.vocoder_graphs.rerouted_calls if w.b.vocoder_graphs is not None else 0,
+            # decode steps run in a larger batch bucket than their own: that one replayed faster at capture (GPU)
+            "decode_routed_steps": w.b.stepper.routed_steps,
             # graphs captured so far (start-up, idle time, first use: a level that grows it paid captures in turns)
             # and prompt passes that fit no static prefill bucket and ran eagerly (GPU: ~0.1 s each)
             "graphs_captured": w.b.graphs_captured(),

@@ -13,6 +13,7 @@ from model.stepper import (
     RowSampling,
     capturable_buckets,
     decode_batch_buckets,
+    fastest_bucket,
     half_step_buckets,
     power_of_two_buckets,
 )
@@ -479,3 +480,55 @@ def test_without_deferral_start_up_compiles_the_buckets_it_captures() -> None:
     stepper.capture_all()
     assert stepper.pending_upgrades() == [] and stepper._defers(1) is False
     assert stepper.capture_seconds.keys() >= {"decode_static", "decode_eager"}
+
+
+def test_a_step_routes_to_a_larger_bucket_only_when_it_replayed_clearly_faster() -> None:
+    # run 31 (H200): 64 rows 5.46 ms, 96 rows 6.68 ms, 128 rows 4.94 ms
+    times = {32: 4.92, 48: 5.19, 64: 5.46, 96: 6.68, 128: 4.94, 192: 6.0}
+    assert fastest_bucket(64, times) == 128
+    assert fastest_bucket(96, times) == 128
+    assert fastest_bucket(32, times) == 32  # 128 is not under 0.95 of 4.92 ms
+    assert fastest_bucket(128, times) == 128  # never a smaller bucket: it would not hold the rows
+    assert fastest_bucket(48, {48: 5.0, 64: 4.9}) == 48  # within the noise margin: stays
+    assert fastest_bucket(24, times) == 24  # own not timed (not captured): stays
+
+
+@torch.no_grad()
+def test_a_routed_step_gives_the_frames_of_its_own_bucket_and_leaves_padding_rows_alone() -> None:
+    """Rows [1, 4) ride along with commit off (one holds an idle stream far along): the stream in row 0 gets exactly
+    its solo frames, and the other rows' state does not move."""
+    model = make_model("gqa_fast_project")
+    model.set_batch_invariant(True)
+    s = RowSampling(0.8, 0.8, 1.3, seed=7)
+    prompt = random_sequence(model, 11, seed=4)
+    expected = reference(model, prompt, 6, s)
+
+    stepper = DecodeStepper(model, n_rows=4, max_seq_len=64)
+    full = stepper.cache.max_seq_len
+    idle = random_sequence(model, 40, seed=9)  # an idle session in row 2, its position past the prompt's
+    stepper.set_sampling(2, RowSampling(0.7, 0.7, 1.2, seed=3))
+    logits, hidden = stepper.prefill(2, idle, 0)
+    stepper.start_segment(2, logits, hidden, 40)
+    stepper.set_sampling(0, s)
+    logits, hidden = stepper.prefill(0, prompt, 0)
+    frames = [stepper.start_segment(0, logits, hidden, 11).cpu()]
+    stepper.replay_ms = {(1, full): 10.0, (4, full): 5.0}  # as if captured and timed: the 4-row graph is faster
+    before = [t[1:].clone() for t in (stepper.pos, stepper.frame, stepper.window, stepper.loop_step)]
+    for _ in range(5):
+        stepper.set_commit([True])
+        frames.append(stepper.step(1, int(stepper.pos[:1].max()))[0])
+        assert stepper.last_bucket == (4, full)
+    assert stepper.routed_steps == 5
+    assert torch.equal(torch.stack(frames, 1), expected)
+    after = [t[1:] for t in (stepper.pos, stepper.frame, stepper.window, stepper.loop_step)]
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_no_routing_below_the_full_attention_length() -> None:
+    """A larger bucket would step rows whose positions a shorter attention length may not hold."""
+    model = make_model("gqa_fast_project")
+    stepper = DecodeStepper(model, n_rows=4, max_seq_len=128, length_buckets=[32])
+    full = stepper.cache.max_seq_len
+    stepper.replay_ms = {(1, 32): 10.0, (4, 32): 1.0, (1, full): 10.0, (4, full): 1.0}
+    assert stepper.route(1, 32) == 1
+    assert stepper.route(1, full) == 4

@@ -112,7 +112,7 @@ def test_freezing_exempts_start_up_objects_from_collections() -> None:
     "key",
     [
         "slow_turns", "turn_max_seconds", "gc_collections", "gc_max_pause_seconds", "vocode_rerouted_calls",
-        "step_batch_bucket", "step_length_bucket", "startup_load_weights_seconds", "startup_total_seconds",
+        "decode_routed_steps", "step_batch_bucket", "step_length_bucket", "startup_load_weights_seconds", "startup_total_seconds",
         "startup_load_weights_dual_ar_seconds", "startup_load_weights_codec_seconds",
         "startup_load_weights_dual_ar_read_seconds", "startup_load_weights_dual_ar_to_device_seconds",
         "graphs_captured", "prefill_eager_calls", "startup_compile_fx_graphs_compiled",
