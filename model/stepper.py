@@ -25,6 +25,7 @@ import torch
 from .compiled_regions import compiled
 from .dual_ar import DualARTransformer
 from .frame import PENALTY_WINDOW_FRAMES, NoiseFn, SamplingTensors, frame_noise, sample_frame
+from .graph_timing import replay_ms
 from .prefill_graphs import PREFILL_ROW_BUCKETS, StaticPrefill
 
 
@@ -510,7 +511,7 @@ class DecodeStepper:
             # inside: an uncompiled capture counts as decode_eager
             self.capture_seconds[self._capture_kind(bucket)] += time.perf_counter() - t0
         if self.device.type == "cuda":  # timed while commit is zeroed: the replays redo the warm-up's writes
-            self.replay_ms[(bucket, attn_len)] = _time_replays(graph)
+            self.replay_ms[(bucket, attn_len)] = replay_ms(graph, TIMED_REPLAYS)
         for t, s in zip(self._row_tensors(), saved, strict=True):
             t.copy_(s)
         self.commit.copy_(commit)
@@ -604,15 +605,3 @@ class DecodeStepper:
             self._capture_first_frames(first[0], compile_now=True)
             return True
         return False
-
-
-def _time_replays(graph: torch.cuda.CUDAGraph) -> float:
-    """Milliseconds per replay of a freshly captured graph: one untimed replay, then TIMED_REPLAYS between events."""
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(TIMED_REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / TIMED_REPLAYS

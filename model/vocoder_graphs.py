@@ -21,6 +21,7 @@ import math
 import torch
 
 from .compiled_regions import compiled
+from .graph_timing import replay_ms
 from .vocoder_stream import StreamingDecoder
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ class GraphedVocoder:
         finally:
             torch.backends.cudnn.benchmark = benchmark
         self.captures += 1
-        self.replay_ms[(bucket, frames)] = _time_replays(graph)  # on the spare slots, whose state is restored next
+        # timed on the spare slots, whose state is restored next
+        self.replay_ms[(bucket, frames)] = replay_ms(graph, TIMING_REPLAYS)
         self.decoder.state[spare] = saved
         self._graphs[(bucket, frames)] = (graph, codes, slots, valid, out)
 
@@ -180,15 +182,3 @@ class GraphedVocoder:
             slots_in[batch:].copy_(torch.arange(self.n_sessions, self.n_sessions + bucket - batch, device=slots.device))
         graph.replay()
         return out[:batch]
-
-
-def _time_replays(graph: torch.cuda.CUDAGraph) -> float:
-    """Milliseconds per replay of a freshly captured graph (one warm replay, then TIMING_REPLAYS timed)."""
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(TIMING_REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / TIMING_REPLAYS

@@ -209,7 +209,8 @@ class Settings:
                   "the streams with work into, when it should be tighter than the turn fraction (which still decides "
                   "when the engine is behind). A stream whose chunks are still growing needs turns of at most 0.67 "
                   "of a frame; e.g. 0.67 with a turn fraction of 0.9 (H200 run 31, 384 streams, one server: no "
-                  "underruns against 11 of 768 requests, p95 first audio 317 against 184 ms). Default: the turn fraction",
+                  "underruns against 11 of 768 requests, p95 first audio 317 against 184 ms). "
+                  "Default: the turn fraction",
                   "shown_default": "the turn fraction"},
     )  # fmt: skip
     prefill_step_share: float | None = field(
