@@ -7,7 +7,7 @@ vocoder work it carries — could carry; beside the line every stream needs (y =
 carried end to end with real WebSocket clients (bench/run_first_audio_gpu.sh's ttfa summaries): filled where no
 request underran and p95 first audio met 150 ms, hollow where not. Writes docs/scaling.png and prints the points.
 
-    python bench/plot_scaling.py bench/results/run31/call1/scaling.json \\
+    python bench/plot_scaling.py bench/results/run31/scaling.json \\
         bench/results/run29/call3/ttfa_summaries.json:ttfa_300,ttfa_warm2_300,ttfa_warm2_384
 """
 
