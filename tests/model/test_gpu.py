@@ -65,6 +65,30 @@ def test_stepper_graph_replay_equals_eager() -> None:
     assert (eager[:, :, 0] >= SEMANTIC_BEGIN).any(), "the check should cover semantic frames"
 
 
+@torch.no_grad()
+def test_a_step_routed_to_a_larger_buckets_graph_gives_its_own_buckets_frames() -> None:
+    """DecodeStepper.route: steps of 3 rows replayed in the 8-row graph (5 padding rows, commit off) give the frames of
+    the 4-row graph, batch-invariant bf16; the capture timed both graphs. Replay times set by hand force the plan."""
+    model = cuda_model("gqa_fast_project", torch.bfloat16)
+    model.set_batch_invariant(True)
+
+    def frames(times: dict[int, float] | None) -> tuple[torch.Tensor, DecodeStepper]:
+        stepper = DecodeStepper(model, 9, max_seq_len=128, max_batch=8, use_cuda_graphs=True)  # one length: the cache's
+        full = stepper.cache.max_seq_len
+        for bucket in (4, 8):
+            stepper.capture(bucket, full)
+        assert all(stepper.replay_ms[(b, full)] > 0 for b in (4, 8)), "each capture times its graph"
+        if times is not None:
+            stepper.replay_ms = {(b, full): ms for b, ms in times.items()}
+        return run_stepper(stepper, 12), stepper
+
+    own, own_stepper = frames({4: 1.0, 8: 5.0})
+    routed, stepper = frames({4: 5.0, 8: 1.0})
+    assert own_stepper.routed_steps == 0 and stepper.routed_steps == 12 and stepper.last_bucket[0] == 8
+    assert torch.equal(routed, own)
+    assert (own[:, :, 0] >= SEMANTIC_BEGIN).any(), "the check should cover semantic frames"
+
+
 @pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")
 @pytest.mark.parametrize("gemv_rows", [1, 8])
 @torch.no_grad()
