@@ -54,9 +54,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         c0 = time.perf_counter()
         st.capture(bucket, LENGTH)
-        res["buckets"][bucket] = {"replay_ms": st.replay_ms[(bucket, LENGTH)], "capture_s": time.perf_counter() - c0}
-        print(f"bucket {bucket}: {st.replay_ms[(bucket, LENGTH)]:.3f} ms a replay at capture "
-              f"(capture {time.perf_counter() - c0:.1f} s)", flush=True)  # fmt: skip
+        b = res["buckets"][bucket] = {
+            "replay_ms": st.replay_ms[(bucket, LENGTH)],
+            "capture_s": time.perf_counter() - c0,
+        }
+        print(
+            f"bucket {bucket}: {b['replay_ms']:.3f} ms a replay at capture (capture {b['capture_s']:.1f} s)", flush=True
+        )
     timed = dict(st.replay_ms)
     for rows in [int(x) for x in args.rows.split(",") if x]:
         r: dict[str, Any] = {"rows": rows}

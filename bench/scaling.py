@@ -4,7 +4,7 @@ call (bench/run_scaling_gpu.sh), combined into what one engine turn costs at eac
 A turn advances every stream one frame (46.4 ms of audio) and vocodes what the streams' chunks completed. At steady
 state a stream sends a 24-frame chunk (the last size of every chunk schedule) every 24 turns, so a turn at batch B
 vocodes B/24 rows × 24 frames on average, in calls of r = ⌈B/24⌉ rows (at most the engine's 64-row vocoder batch),
-each planned as the engine plans it (model.vocoder_graphs.cheapest_plan): its own bucket (the smallest measured row
+each planned as the engine plans it (model.graph_timing.cheapest_plan): its own bucket (the smallest measured row
 count that holds r) once, or another bucket's graph replayed where that is much cheaper — the engine's way round
 cuDNN's pathological conv shapes (run 31: 32 × 24 frames took 107 ms, 64 × 24 took 30). So
 
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.fullsize import FRAME_RATE_HZ
-from model.vocoder_graphs import cheapest_plan
+from model.graph_timing import cheapest_plan
+from model.vocoder_graphs import REROUTE_BELOW
 
 FRAME_MS = 1000.0 / FRAME_RATE_HZ  # 46.4 ms of audio a frame
 STEADY_CHUNK_FRAMES = 24  # every chunk schedule's last size (streaming.chunking.SCHEDULES)
@@ -61,7 +62,7 @@ def vocoder_ms_per_turn(batch: int, calls: dict[int, float]) -> tuple[float, str
     fits = [r for r in calls if r >= need]
     own = min(fits) if fits else max(calls)
     rows = min(need, own)
-    bucket, replays = cheapest_plan(rows, own, calls)
+    bucket, replays = cheapest_plan(rows, own, calls, REROUTE_BELOW)
     plan = str(own) if (bucket, replays) == (own, 1) else f"{own}→{replays}×{bucket}"
     return batch / STEADY_CHUNK_FRAMES / rows * replays * calls[bucket], plan
 
@@ -69,7 +70,7 @@ def vocoder_ms_per_turn(batch: int, calls: dict[int, float]) -> tuple[float, str
 def combine(step: dict[int, dict[str, float]], calls: dict[int, float]) -> list[dict[str, float]]:
     rows = []
     for b in sorted(step):
-        voc, voc_rows = vocoder_ms_per_turn(b, calls)
+        voc, voc_plan = vocoder_ms_per_turn(b, calls)
         turn = step[b]["step_call_ms"] + voc
         rows.append({
             "batch": b,
@@ -78,7 +79,7 @@ def combine(step: dict[int, dict[str, float]], calls: dict[int, float]) -> list[
             "decode_frames_per_s": b * 1e3 / step[b]["graph_ms"],
             "decode_streams": b * FRAME_MS / step[b]["graph_ms"],
             "vocoder_ms_per_turn": voc,
-            "vocoder_plan": voc_rows,
+            "vocoder_plan": voc_plan,
             "turn_ms": turn,
             "frames_per_s": b * 1e3 / turn,
             "sustained_streams": b * FRAME_MS / turn,

@@ -25,7 +25,7 @@ import torch
 from .compiled_regions import compiled
 from .dual_ar import DualARTransformer
 from .frame import PENALTY_WINDOW_FRAMES, NoiseFn, SamplingTensors, frame_noise, sample_frame
-from .graph_timing import replay_ms
+from .graph_timing import cheapest_plan, replay_ms
 from .prefill_graphs import PREFILL_ROW_BUCKETS, StaticPrefill
 
 
@@ -92,15 +92,9 @@ TIMED_REPLAYS = 5  # replays timed after each decode capture (after one untimed)
 def fastest_bucket(own: int, replay_ms: dict[int, float]) -> int:
     """The batch bucket a step of bucket `own` runs in: the captured bucket ≥ own that replayed fastest, where that is
     under ROUTE_BELOW of own's time; else own (also when own was not timed). `replay_ms`: bucket → ms at one
-    attention length."""
-    own_ms = replay_ms.get(own)
-    if own_ms is None:
-        return own
-    best, best_ms = own, own_ms * ROUTE_BELOW
-    for bucket, ms in sorted(replay_ms.items()):
-        if bucket > own and ms < best_ms:
-            best, best_ms = bucket, ms
-    return best
+    attention length. A step cannot be split, so only larger buckets, each replayed once, are candidates."""
+    larger = {bucket: ms for bucket, ms in replay_ms.items() if bucket >= own}
+    return cheapest_plan(own, own, larger, ROUTE_BELOW)[0]
 
 
 # start_segments batches (prompts finishing in one turn) captured as graphs up to this size; larger ones run eagerly

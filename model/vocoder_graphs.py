@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import math
 
 import torch
 
 from .compiled_regions import compiled
-from .graph_timing import replay_ms
+from .graph_timing import cheapest_plan, replay_ms
 from .vocoder_stream import StreamingDecoder
 
 log = logging.getLogger(__name__)
@@ -30,21 +29,6 @@ TIMING_REPLAYS = 3  # replays timed after a graph is captured (its spare-slot st
 # another plan must be at least this much cheaper than the call's own bucket: timing noise never reroutes a call (a
 # healthy graph is never slower than padding to a larger one or splitting into several; the pathological ones are 3-13×)
 REROUTE_BELOW = 0.7
-
-
-def cheapest_plan(batch: int, own: int, replay_ms: dict[int, float]) -> tuple[int, int]:
-    """(bucket, replays) to run `batch` rows: the own bucket once, or the bucket whose ⌈batch / bucket⌉ replays cost
-    least (`replay_ms`: timed buckets of this chunk size) where that is under REROUTE_BELOW of the own bucket's time.
-    Ties go to fewer replays."""
-    own_ms = replay_ms.get(own)
-    if own_ms is None:
-        return own, 1
-    best, best_ms = (own, 1), own_ms * REROUTE_BELOW
-    for bucket, ms in sorted(replay_ms.items(), reverse=True):  # larger buckets first: ties keep fewer replays
-        replays = math.ceil(batch / bucket)
-        if replays * ms < best_ms:
-            best, best_ms = (bucket, replays), replays * ms
-    return best
 
 
 class GraphedVocoder:
@@ -137,7 +121,7 @@ class GraphedVocoder:
         if not self.reroute:
             return own, 1
         times = {b: ms for (b, f), ms in self.replay_ms.items() if f == frames}
-        bucket, replays = cheapest_plan(batch, own, times)
+        bucket, replays = cheapest_plan(batch, own, times, REROUTE_BELOW)
         if (bucket, replays) != (own, 1) and (batch, frames) not in self._rerouted:
             self._rerouted.add((batch, frames))
             log.info(

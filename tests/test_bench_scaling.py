@@ -21,7 +21,7 @@ def test_a_turn_carries_a_24th_of_its_rows_in_calls_of_the_smallest_bucket_that_
 
 def test_a_pathological_bucket_is_planned_round_as_the_engine_does() -> None:
     # run 31: 32 × 24 frames took 107 ms (cuDNN's bad conv shape); the engine runs a 32-row call as the cheapest
-    # other plan (model.vocoder_graphs.cheapest_plan): two replays of the 16-row graph
+    # other plan (model.graph_timing.cheapest_plan): two replays of the 16-row graph
     calls = {16: 7.6, 32: 107.3, 64: 29.7}
     ms, plan = vocoder_ms_per_turn(768, calls)
     assert plan == "32→2×16"

@@ -27,6 +27,13 @@ def reference(model, prompt, n, s: RowSampling) -> torch.Tensor:
     return generate(model, prompt, n, params, seeded_noise(s.seed, "cpu"), IM_END + 10_000).frames
 
 
+def start_stream(stepper: DecodeStepper, row: int, s: RowSampling, prompt: torch.Tensor) -> torch.Tensor:
+    """Prefill `prompt` into `row` from position 0 with sampling `s`; returns the segment's first frame."""
+    stepper.set_sampling(row, s)
+    logits, hidden = stepper.prefill(row, prompt, 0)
+    return stepper.start_segment(row, logits, hidden, prompt.shape[1]).cpu()
+
+
 def test_decode_buckets_add_half_steps_above_128_rows() -> None:
     assert decode_batch_buckets(64) == power_of_two_buckets(64)
     assert decode_batch_buckets(513) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512, 513]
@@ -105,9 +112,7 @@ def test_move_and_swap_rows_carry_the_whole_stream() -> None:
     expected = reference(model, prompt, 8, s)
 
     stepper = DecodeStepper(model, n_rows=4, max_seq_len=64)
-    stepper.set_sampling(2, s)
-    logits, hidden = stepper.prefill(2, prompt, 0)
-    frames = [stepper.start_segment(2, logits, hidden, 15).cpu()]
+    frames = [start_stream(stepper, 2, s, prompt)]
     for k in range(7):
         if k == 3:  # move mid-stream: row 2 → row 0 through swap with an occupied row 0
             stepper.swap_rows(2, 0, int(stepper.pos[2]), 0, spare=3)
@@ -506,12 +511,8 @@ def test_a_routed_step_gives_the_frames_of_its_own_bucket_and_leaves_padding_row
     stepper = DecodeStepper(model, n_rows=4, max_seq_len=64)
     full = stepper.cache.max_seq_len
     idle = random_sequence(model, 40, seed=9)  # an idle session in row 2, its position past the prompt's
-    stepper.set_sampling(2, RowSampling(0.7, 0.7, 1.2, seed=3))
-    logits, hidden = stepper.prefill(2, idle, 0)
-    stepper.start_segment(2, logits, hidden, 40)
-    stepper.set_sampling(0, s)
-    logits, hidden = stepper.prefill(0, prompt, 0)
-    frames = [stepper.start_segment(0, logits, hidden, 11).cpu()]
+    start_stream(stepper, 2, RowSampling(0.7, 0.7, 1.2, seed=3), idle)
+    frames = [start_stream(stepper, 0, s, prompt)]
     stepper.replay_ms = {(1, full): 10.0, (4, full): 5.0}  # as if captured and timed: the 4-row graph is faster
     before = [t[1:].clone() for t in (stepper.pos, stepper.frame, stepper.window, stepper.loop_step)]
     for _ in range(5):

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from model import codec_layers, compiled_regions, vocoder_stream
-from model.vocoder_graphs import GraphedVocoder, cheapest_plan
+from model.graph_timing import cheapest_plan
+from model.vocoder_graphs import REROUTE_BELOW, GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 from .codec_testing import decode_chunked, fixture_codec, one_thread, small_codec
@@ -460,14 +461,18 @@ def test_channels_last_decoder_may_run_chosen_convs_channels_first(monkeypatch) 
 def test_cheapest_plan_reroutes_only_pathological_graphs() -> None:
     """A call runs its own bucket's graph unless another captured graph of its chunk size is clearly cheaper: a larger
     bucket once, or a smaller one several times (H200 run 17, untuned channels-last layout, ms per replay)."""
+
+    def plan(batch: int, own: int, replay_ms: dict[int, float]) -> tuple[int, int]:
+        return cheapest_plan(batch, own, replay_ms, REROUTE_BELOW)
+
     at_24_frames = {8: 4.47, 12: 6.48, 16: 7.58, 24: 80.5, 32: 107.1, 48: 22.7, 64: 29.5}
-    assert cheapest_plan(24, 24, at_24_frames) == (12, 2)  # 13.0 ms instead of 80.5 (two 16-row replays: 15.2)
-    assert cheapest_plan(30, 32, at_24_frames) == (16, 2)  # 15.2 ms; the 48-row graph 22.7, three 12-row 19.4
-    assert cheapest_plan(40, 48, at_24_frames) == (48, 1)  # its own graph is fine
+    assert plan(24, 24, at_24_frames) == (12, 2)  # 13.0 ms instead of 80.5 (two 16-row replays: 15.2)
+    assert plan(30, 32, at_24_frames) == (16, 2)  # 15.2 ms; the 48-row graph 22.7, three 12-row 19.4
+    assert plan(40, 48, at_24_frames) == (48, 1)  # its own graph is fine
     at_8_frames = {16: 3.4, 24: 4.48, 32: 5.54, 48: 7.64, 64: 73.3}
-    assert cheapest_plan(64, 64, at_8_frames) == (32, 2)  # 11.1 ms instead of 73.3
-    assert cheapest_plan(50, 64, at_8_frames) == (32, 2)
+    assert plan(64, 64, at_8_frames) == (32, 2)  # 11.1 ms instead of 73.3
+    assert plan(50, 64, at_8_frames) == (32, 2)
     healthy = {16: 5.5, 24: 7.6, 32: 7.1}  # timing noise: the larger graph measured a little faster
-    assert cheapest_plan(20, 24, healthy) == (24, 1)
-    assert cheapest_plan(20, 24, {16: 5.5}) == (24, 1)  # own graph not timed yet: it runs (and is captured)
-    assert cheapest_plan(3, 4, {2: 1.0, 4: 10.0, 8: 2.0}) == (8, 1)  # a tie with (2, 2) keeps one replay
+    assert plan(20, 24, healthy) == (24, 1)
+    assert plan(20, 24, {16: 5.5}) == (24, 1)  # own graph not timed yet: it runs (and is captured)
+    assert plan(3, 4, {2: 1.0, 4: 10.0, 8: 2.0}) == (8, 1)  # a tie with (2, 2) keeps one replay
