@@ -15,6 +15,17 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def rows_in(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_for_rows(path: Path, n: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while rows_in(path) < n:
+        assert time.monotonic() < deadline, f"the sampler wrote {rows_in(path)} of {n} rows"
+        time.sleep(0.05)
+
+
 def test_the_sampler_records_the_turns_of_a_request(server, tmp_path) -> None:
     out = tmp_path / "series.jsonl"
     sampler = subprocess.Popen(
@@ -23,10 +34,11 @@ def test_the_sampler_records_the_turns_of_a_request(server, tmp_path) -> None:
         cwd=ROOT,
     )  # fmt: skip
     try:
-        time.sleep(1.0)  # the sampler's first scrape comes before the request
+        wait_for_rows(out, 1)  # the sampler's first scrape (and its signal handler) came before the request
         body = {"text": "The sampler watches this sentence being spoken.", "format": "wav"}
         assert httpx.post(f"{server.base_url}/v1/tts", json=body, timeout=60).status_code == 200
-        time.sleep(0.5)
+        # two whole intervals after the request: every turn of it is counted; and at least 5 rows in all
+        wait_for_rows(out, max(5, rows_in(out) + 2))
     finally:
         sampler.send_signal(signal.SIGTERM)
         assert sampler.wait(timeout=10) == 0

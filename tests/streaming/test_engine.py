@@ -32,6 +32,7 @@ from streaming.session import (
 )
 from tests.model.fixture_sets import dual_ar_sets, firefly_sets
 from tests.streaming.engine_helpers import (
+    EVENT_TIMEOUT_S,
     NeverEnding,
     Utterance,
     collect,
@@ -368,13 +369,22 @@ def test_audio_dropped_by_a_cancel_no_longer_counts_as_unread() -> None:
     Once the client has read everything, nothing is unread, after the cancel and after the next utterance."""
 
     async def main():
-        with running_engine() as engine:
+        # no end token: every segment runs its 400 frames, so the worker is still posting audio after the first
+        # chunk arrived, whatever the speed (backpressure stalls it only past 20 s of unread audio)
+        with running_engine(backend_factory=NeverEnding) as engine:
             s = engine.open_session(Voice(), SynthesisSettings(seed=5, max_new_tokens=400))
             s.speak("This utterance is long enough that it will still be running when the cancel arrives. " * 3)
             while not any(isinstance(ev, AudioChunk) for ev in s._events):  # the first audio waits, unread
                 await asyncio.sleep(0.01)
-            time.sleep(0.5)  # the event loop is busy: the chunks the worker posts meanwhile are still on their way
-            waiting = sum(len(ev.pcm) for ev in s._events if isinstance(ev, AudioChunk))
+
+            def in_session() -> int:
+                return sum(len(ev.pcm) for ev in s._events if isinstance(ev, AudioChunk))
+
+            # the event loop is busy (blocked here) until the worker has posted more: those chunks are on their way
+            deadline = time.monotonic() + EVENT_TIMEOUT_S
+            while s.posted_samples - s.consumed_samples - in_session() <= 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            waiting = in_session()
             on_their_way = s.posted_samples - s.consumed_samples - waiting
             s.cancel()
             cancelled = await collect(s)
@@ -406,8 +416,14 @@ def test_a_thousand_open_cancel_close_cycles_leak_nothing() -> None:
                     if i % 3 == 0:
                         s.cancel()  # barge-in while generating
                 s.close()  # i % 3 == 2: close while generating (a client that vanished)
-            await asyncio.sleep(0.5)
-            return engine.open_sessions, worker.rows.active, len(worker.streams), len(worker.free_slots)
+
+            def left() -> tuple[int, int, int, int]:
+                return engine.open_sessions, worker.rows.active, len(worker.streams), len(worker.free_slots)
+
+            deadline = time.monotonic() + EVENT_TIMEOUT_S  # the worker takes the last closes (a leak still times out)
+            while left() != (0, 0, 0, 2) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return left()
 
     open_sessions, active, streams, free_slots = asyncio.run(main())
     assert (open_sessions, active, streams, free_slots) == (0, 0, 0, 2)
@@ -530,7 +546,10 @@ def test_backpressure_stalls_then_closes_a_client_that_never_reads() -> None:
             fast = engine.open_session(Voice(), SETTINGS)
             ok = await speak(fast, *TEXTS)  # the other session is unaffected
             peak = slow.undelivered_samples
-            await asyncio.sleep(2.0)
+            deadline = time.monotonic() + EVENT_TIMEOUT_S
+            while not slow.closed:  # the stall timeout's fatal error has arrived (it closes the session)
+                assert time.monotonic() < deadline, "the stalled stream was never closed"
+                await asyncio.sleep(0.05)
             rest = await collect(slow)  # drains the buffer, then the fatal stall error
             await asyncio.sleep(0.05)
             # its capacity is back although nobody called slow.close() (it used to stay counted for good)
@@ -610,7 +629,9 @@ def test_a_voice_of_another_codec_closes_only_its_session() -> None:
         session = engine.open_session(Voice(), SynthesisSettings(seed=2, max_new_tokens=20))
         good = await speak(session, "Still here.")
         session.close()
-        await asyncio.sleep(0.1)
+        deadline = time.monotonic() + EVENT_TIMEOUT_S  # the worker takes the close (a leaked slot still times out)
+        while len(engine._worker.free_slots) != slots and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         return event, good, slots, len(engine._worker.free_slots)
 
     with running_engine(max_sessions=2) as engine:
