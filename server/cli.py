@@ -142,7 +142,8 @@ class _DrainingServer:
 
 
 def uvicorn_config(settings: Settings, app: Any) -> Any:
-    """The ASGI server's settings for `app` (also what the tests' real servers run): WebSocket frame cap, uvicorn's
+    """The ASGI server's settings for `app` (also what the tests' real servers run): WebSocket frame cap and
+    compression (--ws-compression; uvicorn's default would negotiate it with every client that offers it), uvicorn's
     connection limit as a backstop above the app's own cap (server.connection_cap), no logging config of its own,
     a bounded graceful shutdown."""
     import uvicorn
@@ -155,6 +156,7 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
         port=settings.port,
         ws="websockets-sansio",
         ws_max_size=settings.max_frame_bytes,
+        ws_per_message_deflate=settings.ws_compression == "on",
         limit_concurrency=settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
         log_config=None,
         lifespan="on",

@@ -64,7 +64,12 @@ class Metrics:
             "fishgate_first_audio_seconds", "time from first text to first audio sample sent",
             buckets=FIRST_AUDIO_BUCKETS_S, registry=r,
         )  # fmt: skip
-        self.live_sessions = Gauge("fishgate_live_sessions", "open /v1/tts/live sessions", registry=r)
+        self.live_sessions = Gauge(
+            "fishgate_live_sessions", "/v1/tts/live turns in progress (each holds an engine session)", registry=r
+        )
+        self.live_connections = Gauge(
+            "fishgate_live_connections", "open /v1/tts/live connections, idle ones between turns included", registry=r
+        )
         self.http_requests = Counter("fishgate_http_synthesis_total", "HTTP synthesis requests", ["api"], registry=r)
         self.errors = Counter("fishgate_errors_total", "errors sent to clients, by code", ["code"], registry=r)
         self.engine = Gauge(

@@ -1,8 +1,9 @@
 """Fish Audio live TTS protocol (`/v1/tts/live`), Sans-I/O: frames in → client events; server events → frames.
 
 Client → server: `start {request}`, then `text {text}` / `flush` / `cancel` (fishgate extension), then `stop`.
-Server → client: `audio {audio}` …, `finish {reason: stop|error}`, then close; fishgate extensions that Fish's
-clients ignore: `started`, `error {code, message}`, `cancelled`, `timing {first_audio_ms}`.
+Server → client: `audio {audio}` …, `finish {reason: stop|error}`; then the socket waits for the next `start` (a
+turn) or the client's close. fishgate extensions that Fish's clients ignore: `started`, `error {code, message}`,
+`cancelled`, `timing {first_audio_ms}`.
 Two encodings, chosen by the client's first frame: binary → MessagePack maps (what the official SDKs speak);
 text → JSON objects, with audio sent as raw binary frames (for browsers without a msgpack library).
 """
@@ -42,6 +43,10 @@ class RecoverableError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class BadStart(RecoverableError):
+    """A `start` that cannot begin a turn: the client waits for its `finish`, so it gets one (with reason error)."""
 
 
 def encoding_of_first_frame(message: Mapping[str, Any]) -> Encoding:
@@ -89,7 +94,7 @@ def decode_frame(message: Mapping[str, Any], encoding: Encoding, max_bytes: int)
     if kind == "text" and not isinstance(obj.get("text"), str):
         raise RecoverableError("bad_event", 'a text event needs a string field "text"')
     if kind == "start" and not isinstance(obj.get("request"), Mapping):
-        raise RecoverableError("bad_event", 'a start event needs an object field "request" (a TTSRequest)')
+        raise BadStart("bad_event", 'a start event needs an object field "request" (a TTSRequest)')
     return ClientEvent(kind, obj)
 
 

@@ -1,5 +1,7 @@
-// One `/v1/tts/live` WebSocket = one utterance, JSON variant: the first frame (start) is a text frame, so
-// control messages are JSON text frames and audio arrives as raw binary frames in the requested format.
+// One `/v1/tts/live` WebSocket per utterance here, JSON variant: the first frame (start) is a text frame, so
+// control messages are JSON text frames and audio arrives as raw binary frames in the requested format. The server
+// would keep the socket open for another `start` after `finish`; this page opens a fresh one per utterance (each
+// may have its own voice and format) and closes it at `finish`.
 //
 // Queues messages until the socket opens; reports server events, audio and the close. Knows nothing about
 // playback or the page.
@@ -51,6 +53,7 @@ export class LiveSession {
       if (event === null || typeof event !== "object") return;
       if (event.event === "started") this.started = true;
       handlers.onEvent(event);
+      if (event.event === "finish") this.close(); // this utterance is over; the page starts the next on a new socket
     };
     this.ws.onclose = (e) => handlers.onClose(e);
     this.ws.onerror = () => {}; // the close event that follows carries what we report
@@ -77,7 +80,7 @@ export class LiveSession {
     this.send({ event: "flush" });
   }
 
-  /** No more text: the server speaks the rest, sends `finish`, and closes. */
+  /** No more text: the server speaks the rest and sends `finish` (then we close). */
   stop() {
     if (this.stopped) return;
     this.stopped = true;

@@ -99,18 +99,24 @@ def test_serve_drains_on_sigterm(tmp_path: Path) -> None:
                 c = LiveClient(ws)
                 await c.start()
                 await c.send({"event": "text", "text": "A sentence that is being spoken while the server drains. " * 4})
-                await c.send({"event": "stop"})
+                await c.send({"event": "flush"})
                 r = LiveResult()
                 await c.read_until(r, ("audio",))
                 proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(0.5)
-                ready = httpx.get(f"{base}/readyz", timeout=5)
-                await c.wait_closed(r)
+                # the utterance stays open (no stop yet), so the server keeps draining however fast it speaks
+                deadline = time.monotonic() + 30
+                while (ready := httpx.get(f"{base}/readyz", timeout=5)).status_code == 200:
+                    assert time.monotonic() < deadline, "readiness never went false"
+                    await asyncio.sleep(0.05)
+                await c.send({"event": "stop"})
+                await c.read_until(r)  # the finish
+                await c.read_until(r, kinds=())  # then the server's close
                 return r, ready
 
         result, ready = asyncio.run(utterance_across_sigterm())
         assert ready.status_code == 503 and ready.json()["state"] == "draining"
-        assert result.events[-1] == {"event": "finish", "reason": "stop"} and result.close_code == 1000
+        # the running utterance finished whole, then the socket closed as a restart (1012: reconnect elsewhere)
+        assert result.events[-1] == {"event": "finish", "reason": "stop"} and result.close_code == 1012
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:

@@ -186,6 +186,10 @@ def test_recoverable_mistakes_get_error_events_and_the_session_continues(server:
         "value_out_of_range", "value_out_of_range", "value_out_of_range", "unknown_voice", "already_started",
         "bad_event", "text_too_long",
     ]  # fmt: skip
+    # each failed start and the refused text ended its turn or utterance in finish(error), what Fish's clients act
+    # on; the socket stayed open and the good start after them spoke
+    failed = ["bad_event", *["value_out_of_range"] * 5, "unknown_voice", "text_too_long"]
+    assert [e["reason"] for e in r.of("finish")] == ["error"] * len(failed) + ["stop"]
     messages = {e["code"]: e["message"] for e in r.of("error")}
     assert "0.0–2.0" in " ".join(e["message"] for e in r.of("error") if "temperature" in e["message"])
     assert "GET /v1/references" in messages["unknown_voice"]
@@ -228,7 +232,7 @@ def test_oversized_frame_closes_1009(tmp_path) -> None:
         assert r.close_code == 1009
 
 
-def test_too_many_sessions_closes_1013_and_others_keep_streaming(tmp_path) -> None:
+def test_too_many_sessions_refuses_the_turn_and_others_keep_streaming(tmp_path) -> None:
     with start_server(tmp_path, max_sessions=1) as srv:
 
         async def main():
@@ -245,14 +249,16 @@ def test_too_many_sessions_closes_1013_and_others_keep_streaming(tmp_path) -> No
                 return refused, done
 
         refused, done = run(main())
-        assert refused.error_codes == ["overloaded"] and refused.close_code == 1013
+        # the refused turn ends in error + finish(error) at once; its socket stays open for a later start
+        assert refused.error_codes == ["overloaded"] and refused.events[-1] == {"event": "finish", "reason": "error"}
+        assert not refused.server_closed
         assert done.events[-1]["reason"] == "stop" and len(done.audio) > 0
 
 
-def test_behind_real_time_refuses_new_sessions_1013_until_the_engine_catches_up(tmp_path) -> None:
+def test_behind_real_time_refuses_new_turns_until_the_engine_catches_up(tmp_path) -> None:
     """--admission-turn-fraction: while the engine's decoding turns are slower than that share of a frame (here a
     limit every CPU turn exceeds), a new session is refused (at once with --admission-wait-s 0; the wait is
-    tests/streaming/test_realtime_admission.py's) with `overloaded` and 1013, its message naming the flag;
+    tests/streaming/test_realtime_admission.py's) with `overloaded` + finish(error), its message naming the flag;
     the running stream finishes whole; once the engine idles, sessions are admitted again."""
     with start_server(tmp_path, max_sessions=4, admission_turn_fraction=0.001, admission_wait_s=0) as srv:
 
@@ -272,7 +278,7 @@ def test_behind_real_time_refuses_new_sessions_1013_until_the_engine_catches_up(
             return refused, done, await speak(srv.ws_url, ["Admitted again."])
 
         refused, done, later = run(main())
-        assert refused.error_codes == ["overloaded"] and refused.close_code == 1013
+        assert refused.error_codes == ["overloaded"] and refused.events[-1] == {"event": "finish", "reason": "error"}
         assert "--admission-turn-fraction" in refused.of("error")[0]["message"]
         assert done.events[-1]["reason"] == "stop" and len(done.audio) > 0
         assert later.events[-1]["reason"] == "stop" and len(later.audio) > 0
