@@ -9,6 +9,11 @@
 #   SERVE_ARGS="--graph-first-frames on" bash bench/run_server_gpu.sh   (extra `fishgate serve` flags)
 #   LEVELS="300 300:low" bash bench/run_server_gpu.sh   (a level is a concurrency, or concurrency:latency for the
 #   clients' Fish latency mode)
+#   TTFA_ARGS="--compression off --sockets per-request" ...   (extra flags for every `fishgate ttfa` of the run; the
+#   client offers deflate and reuses each worker's socket by default, see docs/ttfa.md)
+#   LEVELS="300 300@bare" CLIENT_bare="--compression off --sockets per-request" ...   (concurrency[:latency]@name adds
+#   $CLIENT_name's flags to that level's clients; its files are tagged _name)
+#   LEVEL_START_LIMIT_S=420 ...   (start a level only while this many seconds have passed since the script began)
 #   SERVE_ARGS="--compile-cache-dir build/cc" WARM_RESTART=1 bash bench/run_server_gpu.sh   (after the levels, start
 #   the server again on the now warm cache: the warm start-up figure, then one level-1 pass; WARM_SERVE_ARGS adds
 #   flags to that start and WARM_LEVELS runs more levels on it; WARM_VARIANTS="default;--flag x" restarts once per
@@ -64,7 +69,7 @@ ts=$(date +%s); serve server.log ""; echo "start → ready: $(( $(date +%s) - ts
 curl -s localhost:7860/metrics | grep -oE 'startup_[a-z_]*"} [0-9.]+' | tee -a "$OUT/ready.txt"
 stamp "ready"
 curl -s localhost:7860/healthz; echo
-TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240"
+TTFA="python3 -m server.cli ttfa --reference-id bench-voice --texts /tmp/texts.txt --no-plots --timeout-s 240 ${TTFA_ARGS:-}"
 stamp "warm-up"
 timeout 120 $TTFA --concurrency "${WARM_CONC:-256}" --requests "${WARM_CONC:-256}" --max-new-tokens 80 --out /tmp/warm 2>&1 | tail -4
 wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what="graphs_missing"} 0), at most 150 s
@@ -77,11 +82,19 @@ wait_for_graphs() {  # idle until every graph is captured (fishgate_engine{what=
   echo "graphs still missing after ${GRAPH_WAIT_S:-150} s: $left"
 }
 GRAPH_WAIT_S=${COLD_GRAPH_WAIT_S:-${GRAPH_WAIT_S:-150}} wait_for_graphs  # the first server's wait: COLD_GRAPH_WAIT_S
-run_level() {  # a level is a concurrency, or concurrency:latency (the clients' Fish latency mode, e.g. 300:low)
-  level=${1/:/_}
-  conc=${1%%:*}
-  case $1 in *:*) latency="--latency ${1#*:}" ;; *) latency="" ;; esac
+run_level() {  # a level is concurrency[:latency][@client]: the clients' Fish latency mode (e.g. 300:low), and
+  # extra `fishgate ttfa` flags for this level from $CLIENT_<client> (e.g. 300@bare, CLIENT_bare="--compression off")
+  local spec=${1%%@*} client="" client_args=""
+  case $1 in *@*) client=${1#*@}; local var="CLIENT_$client"
+    [ -n "${!var+set}" ] || { echo "level $1: $var is not set"; return 0; }
+    client_args=${!var} ;; esac
+  level=${spec/:/_}${client:+_$client}
+  conc=${spec%%:*}
+  case $spec in *:*) latency="--latency ${spec#*:}" ;; *) latency="" ;; esac
   n=$(( conc * ${WAVES:-1} < 8 ? 8 : conc * ${WAVES:-1} ))
+  if [ -n "${LEVEL_START_LIMIT_S:-}" ] && [ $(( $(date +%s) - t0 )) -gt "$LEVEL_START_LIMIT_S" ]; then
+    stamp "level $level skipped (past LEVEL_START_LIMIT_S=$LEVEL_START_LIMIT_S)"; return 0
+  fi
   stamp "level $level"
   curl -s localhost:7860/metrics > "/tmp/metrics_before_$level.txt"
   if [ "$level" = "${PROFILE_LEVEL:-256}" ] && command -v py-spy >/dev/null; then
@@ -93,7 +106,7 @@ run_level() {  # a level is a concurrency, or concurrency:latency (the clients' 
   python3 -m bench.metrics_series http://127.0.0.1:7860/metrics --out "$OUT/series_${TAG:-}$level.jsonl" &
   SAMPLER=$!
   timeout "${LEVEL_TIMEOUT_S:-200}" $TTFA --concurrency $conc --requests $n --ramp-s "${RAMP_S:-0}" $latency \
-    --max-new-tokens "${FRAMES:-200}" --out "/tmp/ttfa_$level" 2>&1 | tail -5
+    --max-new-tokens "${FRAMES:-200}" $client_args --out "/tmp/ttfa_$level" 2>&1 | tail -5
   kill -TERM $SAMPLER; wait $SAMPLER
   python3 -m bench.metrics_series --table "$OUT/series_${TAG:-}$level.jsonl" > "$OUT/series_${TAG:-}${level}_table.txt"
   cp "/tmp/ttfa_$level/ttfa.json" "$OUT/ttfa_${TAG:-}$level.json" 2>/dev/null

@@ -5,6 +5,13 @@ our own `timing` event is kept only as a cross-check). Per request: time from th
 first byte of samples received, inter-chunk gaps, underruns of a simulated real-time player whose clock starts at
 the first audio byte, real-time factor and audio seconds. Levels of concurrency run one after another, each as
 `concurrency` workers pulling unique texts. Tables, JSON and plots are `ttfa_report`'s; printing is the CLI's.
+
+By default it connects as real voice-agent clients do: it offers permessage-deflate (browsers, the `websockets`
+library and pipecat do), and each worker keeps one socket for its successive requests, sending the next `start` after
+reading `finish` (LiveKit's Fish plugin pools sockets so). A pooled socket the server closed is replaced by a new one
+(a reconnect, counted). `compression="off"` and `sockets="per-request"` restore a bare client: no compression, a new
+connection per request. Either way time to first audio starts at each request's first text frame; connecting is
+`connect_ms`, and each request records whether it opened its own connection.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import re
 import struct
 import time
@@ -28,6 +36,8 @@ WAV_HEADER_BYTES = 44  # the canonical RIFF header every Fish-compatible server 
 BYTES_PER_SAMPLE = 2  # s16le mono, what pcm and wav carry
 # Frames larger than this are refused by the client (a chunk of 24 codec frames at 44.1 kHz is ~100 kB).
 MAX_FRAME_BYTES = 32 * 2**20
+COMPRESSION_MODES = ("deflate", "off")  # deflate: offer permessage-deflate as the websockets client does by default
+SOCKET_MODES = ("reuse", "per-request")  # reuse: one socket per worker across its requests (LiveKit's pool)
 _TOKEN = re.compile(r"\s*\S+\s*|\s+")  # word-ish tokens, each keeping its surrounding whitespace
 
 # Varied sentences (statements, questions, numbers, lists, quotes, long clauses) for unique request texts.
@@ -165,6 +175,8 @@ class ProbeConfig:
     max_new_tokens: int | None = None  # Fish `max_new_tokens` (frames per text segment); None: the server's default
     timeout_s: float = 120.0  # per request, connect to finish
     ramp_s: float = 0.0  # worker i of a level starts i/N of this after the first: arrivals spread, not a burst
+    compression: str = "deflate"  # one of COMPRESSION_MODES
+    sockets: str = "reuse"  # one of SOCKET_MODES
 
     def request(self) -> dict[str, Any]:
         req: dict[str, Any] = {"text": "", "format": self.format, "sample_rate": self.sample_rate_hz}
@@ -176,6 +188,17 @@ class ProbeConfig:
             if value is not None:
                 req[key] = value
         return req
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments of websockets' `connect`: compression as chosen, no keepalive pings (none would be
+        answered late enough to matter within a request), frames up to MAX_FRAME_BYTES."""
+        return {
+            "additional_headers": self.headers(),
+            "max_size": MAX_FRAME_BYTES,
+            "compression": None if self.compression == "off" else "deflate",
+            "open_timeout": self.timeout_s,
+            "ping_interval": None,
+        }
 
     def headers(self) -> dict[str, str]:
         headers = {}
@@ -195,7 +218,12 @@ class RequestResult:
     text: str
     text_frames: int
     started_s: float = 0.0  # first text frame, seconds since the level began
-    connect_ms: float | None = None
+    connect_ms: float | None = None  # None when the request ran on its worker's open socket
+    fresh_connection: bool = True  # it opened its own connection (always, with sockets="per-request")
+    reconnect: bool = False  # sockets="reuse": a new socket, the worker's previous one was closed (server or error)
+    extensions: list[str] = field(default_factory=list)  # negotiated on its connection, e.g. ["permessage-deflate"]
+    compression: str = "deflate"  # the client's settings (ProbeConfig), so each result says what produced it
+    sockets: str = "reuse"
     ttfa_ms: float | None = None
     audio_s: float = 0.0
     wall_s: float | None = None  # first text frame → last audio byte (generation wall time)
@@ -223,48 +251,132 @@ def stream_tokens(text: str) -> list[str]:
 
 
 async def measure_request(text: str, config: ProbeConfig, *, concurrency: int = 1, index: int = 0) -> RequestResult:
-    """Open a connection, send `text` (at once or paced), read until `finish`, and account for every audio byte."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-
-    pieces = [text] if not config.tokens_per_s else stream_tokens(text)
-    result = RequestResult(concurrency, index, text, len(pieces), sample_rate_hz=config.sample_rate_hz)
-    counter = SampleCounter(config.format, config.sample_rate_hz)
-    arrivals_abs: list[tuple[float, int]] = []
-    t0: list[float] = []  # perf_counter of the first text frame, once sent
-    errors: list[str] = []
+    """One request on a connection of its own, closed after it (what each request does with sockets="per-request")."""
+    client = WorkerSocket(dataclasses.replace(config, sockets="per-request"))
     try:
-        async with asyncio.timeout(config.timeout_s):
-            t_connect = time.perf_counter()
-            async with connect(
-                config.url, additional_headers=config.headers(), max_size=MAX_FRAME_BYTES, compression=None,
-                open_timeout=config.timeout_s, ping_interval=None,
-            ) as ws:  # fmt: skip
-                result.connect_ms = (time.perf_counter() - t_connect) * 1000.0
-                await ws.send(msgpack.packb({"event": "start", "request": config.request()}, use_bin_type=True))
-                reader = asyncio.create_task(_read_events(ws, counter, arrivals_abs, result, errors))
-                try:
-                    await _send_text(ws, pieces, config.tokens_per_s, t0)
-                    await ws.send(msgpack.packb({"event": "stop"}, use_bin_type=True))
-                except ConnectionClosed:
-                    pass  # the reader reports why
-                await reader
-    except TimeoutError:
-        errors.append(f"timeout: no finish within {config.timeout_s:g} s")
-    except InvalidStatus as e:
-        errors.append(f"handshake refused: HTTP {e.response.status_code}")
+        return await client.measure(text, concurrency=concurrency, index=index)
+    finally:
+        await client.close()
+
+
+@dataclass
+class _Turn:
+    """One request's exchange on an open socket: what came back, and how it ended."""
+
+    counter: SampleCounter
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, samples) per audio frame
+    t0: list[float] = field(default_factory=list)  # perf_counter of the first text frame, once sent
+    errors: list[str] = field(default_factory=list)
+    frames: int = 0  # frames received
+    closed: bool = False  # the socket closed before `finish`
+
+
+class WorkerSocket:
+    """A worker's connection to the server, and its requests on it.
+
+    sockets="reuse": opened for the worker's first request and kept for the next ones (a new `start` after each
+    `finish`). When the server has closed it (seen before `start`, or as a close before any reply to this request),
+    the request runs on a new socket instead: a reconnect. After a request that failed the socket is dropped, since
+    frames of the failed request may still be on their way. sockets="per-request": a new connection every request,
+    closed after it.
+    """
+
+    def __init__(self, config: ProbeConfig) -> None:
+        self.config = config
+        self._ws: Any = None
+        self._opened = 0  # connections opened so far
+
+    async def measure(self, text: str, *, concurrency: int = 1, index: int = 0) -> RequestResult:
+        """Send `text` (at once or paced), read until `finish`, and account for every audio byte."""
+        from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+        config = self.config
+        pieces = [text] if not config.tokens_per_s else stream_tokens(text)
+        result = RequestResult(
+            concurrency, index, text, len(pieces), sample_rate_hz=config.sample_rate_hz,
+            compression=config.compression, sockets=config.sockets,
+        )  # fmt: skip
+        turn = _Turn(SampleCounter(config.format, config.sample_rate_hz))
+        try:
+            async with asyncio.timeout(config.timeout_s):
+                ws = await self._socket(result)
+                await _exchange(ws, pieces, config, turn, result)
+                if turn.closed and not turn.frames and not result.fresh_connection:
+                    # the server had closed the pooled socket before this request: run it on a new one
+                    turn = _Turn(SampleCounter(config.format, config.sample_rate_hz))
+                    await _exchange(await self._open(result), pieces, config, turn, result)
+        except TimeoutError:
+            turn.errors.append(f"timeout: no finish within {config.timeout_s:g} s")
+        except InvalidStatus as e:
+            turn.errors.append(f"handshake refused: HTTP {e.response.status_code}")
+        except ConnectionClosed as e:
+            turn.errors.append(_closed_text(e))
+        except (OSError, WebSocketException) as e:
+            turn.errors.append(f"{type(e).__name__}: {e}")
+        _judge(result, turn.errors)
+        if result.error is not None or config.sockets == "per-request":
+            await self.close()
+        if turn.t0:
+            _account(result, turn.t0[0], turn.arrivals, turn.counter.sample_rate_hz)
+        return result
+
+    async def close(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def _socket(self, result: RequestResult) -> Any:
+        """The worker's open socket, or a new one."""
+        from websockets.protocol import State
+
+        if self._ws is not None and self._ws.state is State.OPEN:
+            result.fresh_connection = False
+            return self._ws
+        return await self._open(result)
+
+    async def _open(self, result: RequestResult) -> Any:
+        from websockets.asyncio.client import connect
+
+        await self.close()
+        t_connect = time.perf_counter()
+        self._ws = await connect(self.config.url, **self.config.connect_options())
+        result.connect_ms = (time.perf_counter() - t_connect) * 1000.0
+        result.fresh_connection = True
+        result.reconnect = self.config.sockets == "reuse" and self._opened > 0
+        result.extensions = [str(ext.name) for ext in self._ws.protocol.extensions]
+        self._opened += 1
+        return self._ws
+
+
+async def _exchange(ws: Any, pieces: list[str], config: ProbeConfig, turn: _Turn, result: RequestResult) -> None:
+    """`start`, the text, `stop` on an open socket, reading until `finish` or the socket's close."""
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        await ws.send(msgpack.packb({"event": "start", "request": config.request()}, use_bin_type=True))
     except ConnectionClosed as e:
-        errors.append(_closed_text(e))
-    except (OSError, WebSocketException) as e:
-        errors.append(f"{type(e).__name__}: {e}")
+        turn.closed = True
+        turn.errors.append(_closed_text(e))
+        return
+    reader = asyncio.create_task(_read_events(ws, turn, result))
+    try:
+        try:
+            await _send_text(ws, pieces, config.tokens_per_s, turn.t0)
+            await ws.send(msgpack.packb({"event": "stop"}, use_bin_type=True))
+        except ConnectionClosed:
+            pass  # the reader reports why
+        await reader
+    finally:
+        reader.cancel()
+
+
+def _judge(result: RequestResult, errors: list[str]) -> None:
     if result.finish_reason is None and not errors:
         errors.append("the server closed without a finish event")
     elif result.finish_reason not in (None, "stop") and not errors:
         errors.append(f"finish reason {result.finish_reason!r}")
     result.error = "; ".join(errors) or None
-    if t0:
-        _account(result, t0[0], arrivals_abs, counter.sample_rate_hz)
-    return result
 
 
 async def _send_text(ws: Any, pieces: list[str], tokens_per_s: float | None, t0: list[float]) -> None:
@@ -277,36 +389,37 @@ async def _send_text(ws: Any, pieces: list[str], tokens_per_s: float | None, t0:
         await ws.send(frame)
 
 
-async def _read_events(
-    ws: Any, counter: SampleCounter, arrivals: list[tuple[float, int]], result: RequestResult, errors: list[str]
-) -> None:
+async def _read_events(ws: Any, turn: _Turn, result: RequestResult) -> None:
+    """Frames until `finish` (the socket is left open for the next request), or until the socket closes."""
     from websockets.exceptions import ConnectionClosed
 
     try:
         async for raw in ws:
             now = time.perf_counter()
+            turn.frames += 1
             if not isinstance(raw, bytes):
                 continue  # a text frame: not part of the MessagePack protocol we speak
             try:
                 msg = msgpack.unpackb(raw, raw=False)
             except ValueError:
-                errors.append("a frame was not valid MessagePack")
+                turn.errors.append("a frame was not valid MessagePack")
                 continue
             if not isinstance(msg, dict):
                 continue
             event = msg.get("event")
             if event == "audio" and isinstance(msg.get("audio"), bytes):
-                arrivals.append((now, counter.feed(msg["audio"])))
+                turn.arrivals.append((now, turn.counter.feed(msg["audio"])))
             elif event == "finish":
                 result.finish_reason = str(msg.get("reason"))
                 return
             elif event == "error":
-                errors.append(f"{msg.get('code', 'error')}: {msg.get('message', '')}")
+                turn.errors.append(f"{msg.get('code', 'error')}: {msg.get('message', '')}")
             elif event == "timing" and result.server_first_audio_ms is None:
                 with contextlib.suppress(TypeError, ValueError):
                     result.server_first_audio_ms = float(msg["first_audio_ms"])
     except ConnectionClosed as e:
-        errors.append(_closed_text(e))
+        turn.errors.append(_closed_text(e))
+    turn.closed = True  # a normal close ends the iteration without an exception
 
 
 def _closed_text(e: Exception) -> str:
@@ -372,7 +485,8 @@ async def run_level(
     on_done: Callable[[RequestResult], None] | None = None,
 ) -> list[RequestResult]:
     """Send every text once with at most `concurrency` requests in flight. The workers start together, or spread
-    evenly over `config.ramp_s` (then each keeps its own rhythm: a steady load instead of waves of bursts)."""
+    evenly over `config.ramp_s` (then each keeps its own rhythm: a steady load instead of waves of bursts). Each
+    worker runs its requests on one socket, or one socket each (`config.sockets`)."""
     pending = list(enumerate(texts))
     results: list[RequestResult] = []
     level_start = time.perf_counter()
@@ -380,14 +494,18 @@ async def run_level(
 
     async def worker(i: int) -> None:
         await asyncio.sleep(config.ramp_s * i / workers)
-        while pending:
-            index, text = pending.pop(0)
-            started = time.perf_counter()
-            r = await measure_request(text, config, concurrency=concurrency, index=index)
-            r.started_s = started - level_start
-            results.append(r)
-            if on_done is not None:
-                on_done(r)
+        client = WorkerSocket(config)
+        try:
+            while pending:
+                index, text = pending.pop(0)
+                started = time.perf_counter()
+                r = await client.measure(text, concurrency=concurrency, index=index)
+                r.started_s = started - level_start
+                results.append(r)
+                if on_done is not None:
+                    on_done(r)
+        finally:
+            await client.close()
 
     await asyncio.gather(*(worker(i) for i in range(workers)))
     return sorted(results, key=lambda r: r.index)
@@ -428,6 +546,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--max-new-tokens", type=int, default=None, help="Fish max_new_tokens: frames per text segment")
     a("--timeout-s", type=float, default=120.0, help="per-request limit, connect to finish [default 120]")
     a("--ramp-s", type=float, default=0.0, help="spread each level's first requests over this many seconds [default 0]")
+    a("--compression", default="deflate", choices=COMPRESSION_MODES,
+      help="deflate: offer permessage-deflate as browsers and websockets do; off: none [default deflate]")  # fmt: skip
+    a("--sockets", default="reuse", choices=SOCKET_MODES,
+      help="reuse: a worker's requests share one socket (LiveKit's pool); per-request [default reuse]")  # fmt: skip
     a("--out", type=Path, default=Path("ttfa-results"), help="folder for ttfa.json and plots [default ttfa-results]")
     a("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     return parser
@@ -463,4 +585,6 @@ def config_from(args: argparse.Namespace) -> ProbeConfig:
         max_new_tokens=args.max_new_tokens,
         timeout_s=args.timeout_s,
         ramp_s=args.ramp_s,
+        compression=args.compression,
+        sockets=args.sockets,
     )

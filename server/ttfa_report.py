@@ -56,7 +56,28 @@ def summarize(concurrency: int, results: Sequence[RequestResult]) -> dict[str, A
         "audio_s_mean": float(np.mean([r.audio_s for r in ok])) if ok else None,
         "server_first_audio_p50_ms": _pct(server, 50),
         "error_messages": sorted({r.error for r in results if r.error}),
+        **client_behaviour(results),
     }
+
+
+def client_behaviour(results: Sequence[RequestResult]) -> dict[str, Any]:
+    """How the client connected: its settings (`compression` offered, `sockets` mode), the extensions its
+    connections negotiated, connections opened and, of those, reconnects (a pooled socket found closed)."""
+    return {
+        "compression": "/".join(sorted({r.compression for r in results})) or None,
+        "sockets": "/".join(sorted({r.sockets for r in results})) or None,
+        "extensions": sorted({ext for r in results for ext in r.extensions}),
+        "connections": sum(1 for r in results if r.fresh_connection),
+        "reconnects": sum(1 for r in results if r.reconnect),
+    }
+
+
+def client_label(summary: Mapping[str, Any]) -> str:
+    """E.g. "deflate, reuse"; "deflate refused" when it was offered and no connection negotiated it."""
+    compression = summary.get("compression") or "-"
+    if compression == "deflate" and "permessage-deflate" not in summary.get("extensions", []):
+        compression = "deflate refused"
+    return f"{compression}, {summary.get('sockets') or '-'}"
 
 
 def _ms(v: float | None) -> str:
@@ -71,7 +92,7 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     """The per-level table the CLI prints (Markdown, so it pastes into docs)."""
     head = (
         "| conc | n | err | TTFA p50 ms | p95 | p99 | max | underrun | underruns/req | mean stall ms "
-        "| RTF p50 | audio s/req | server p50 ms |"
+        "| RTF p50 | audio s/req | server p50 ms | client | conns (re) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summaries:
@@ -80,7 +101,7 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             *(_ms(s[k]) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms", "ttfa_max_ms")),
             _num(s["underrun_rate"], "{:.0%}"), _num(s["underruns_per_request"], "{:.2f}"),
             _ms(s["underrun_mean_gap_ms"]), _num(s["rtf_p50"], "{:.2f}"), _num(s["audio_s_mean"], "{:.1f}"),
-            _ms(s["server_first_audio_p50_ms"]),
+            _ms(s["server_first_audio_p50_ms"]), client_label(s), f"{s['connections']} ({s['reconnects']})",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -99,6 +120,10 @@ def build_document(config: ProbeConfig, results: Mapping[int, Sequence[RequestRe
             "playout": "a real-time player starts at the first audio byte; an underrun is its buffer running dry "
             "before the next chunk arrives; playback resumes on arrival",
             "rtf": "first text frame → last audio byte, divided by the audio's duration",
+            "client": "compression: deflate = permessage-deflate offered (what negotiated: extensions), off = none; "
+            "sockets: reuse = each worker's requests on one socket (a new start after finish), per-request = one "
+            "connection each; connections: requests that opened one (connect_ms is not part of ttfa_ms); "
+            "reconnects: those whose worker's socket had been closed",
         },
         "levels": [
             {"concurrency": c, "summary": summarize(c, rs), "requests": [dataclasses.asdict(r) for r in rs]}
