@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,6 +20,7 @@ import pytest
 
 from server.http_common import OFF_LOOP_BYTES
 from streaming.segmenter import Segmenter, SegmenterConfig
+from streaming.session import AudioChunk
 from streaming.synth import segment_text as split_text
 from tests.server.conftest import API_KEY, ServerHandle, start_server
 from tests.server.http_helpers import (
@@ -217,27 +222,76 @@ def test_undecodable_bodies(server: ServerHandle) -> None:
     assert status == 413 and b"payload_too_large" in body
 
 
+@contextlib.contextmanager
+def worker_held_after_first_audio(engine) -> Iterator[threading.Event]:
+    """Hold the engine's worker thread right after it hands its first audio chunk to a session, until the block
+    exits. While held, no more audio is made and no utterance can end: what happens then is the client's doing, not
+    a race with synthesis speed. The returned event is set once the worker is held."""
+    worker = engine._worker
+    outbox = worker.outbox
+    post, flush = outbox.post, outbox.flush
+    audio_posted, held, gate = threading.Event(), threading.Event(), threading.Event()
+
+    def post_and_note(session, ev) -> None:
+        if isinstance(ev, AudioChunk):
+            audio_posted.set()
+        post(session, ev)
+
+    def flush_then_hold() -> None:
+        flush()
+        if audio_posted.is_set() and not held.is_set():
+            held.set()
+            gate.wait(60)
+
+    outbox.post, outbox.flush = post_and_note, flush_then_hold  # the worker looks both up on every call
+    try:
+        yield held
+    finally:
+        del outbox.post, outbox.flush
+        gate.set()
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition()
+
+
 def test_client_leaving_mid_stream_frees_the_session(server: ServerHandle) -> None:
     engine = server.gateway.engine
     long_text = " ".join(["This sentence keeps the engine busy for a while."] * 12)
-    with httpx.stream("POST", f"{server.base_url}/v1/tts", json={"text": long_text, "streaming": True}) as r:
-        assert r.status_code == 200
-        chunks = r.iter_raw()  # keep the iterator: dropping it would close the connection
-        next(chunks)
-        time.sleep(0.2)
-        assert engine.open_sessions == 1
-    wait_until_no_sessions(engine)
-    # a whole-file request is stopped too when its client gives up waiting
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.base_url}/v1/tts", json={"text": long_text}, timeout=httpx.Timeout(5, read=1.0))
+    with worker_held_after_first_audio(engine) as held:
+        with httpx.stream(
+            "POST", f"{server.base_url}/v1/tts", json={"text": long_text, "streaming": True, "seed": 1}
+        ) as r:
+            assert r.status_code == 200
+            chunks = r.iter_raw()  # keep the iterator: dropping it would close the connection
+            next(chunks)
+            wait_for(held.is_set)
+            assert engine.open_sessions == 1  # the worker is held after its first audio: the utterance still runs
+        # freed while the worker is still held, so by the client leaving, not by the utterance ending
+        wait_until_no_sessions(engine)
+    # a whole-file request is stopped too when its client gives up waiting: its file cannot be finished (nor a byte
+    # of it sent) while the worker is held, so the 1 s read limit always runs out
+    with worker_held_after_first_audio(engine) as held:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{server.base_url}/v1/tts", json={"text": long_text, "seed": 1}, timeout=httpx.Timeout(30, read=1.0)
+            )
+        wait_for(held.is_set)  # its first audio may come after the client left: the server waits for it first
+        wait_until_no_sessions(engine)
     wait_until_no_sessions(engine)
 
 
-def test_a_stream_nobody_reads_is_dropped_and_frees_its_session(tmp_path: Path) -> None:
+def test_a_stream_nobody_reads_is_dropped_and_frees_its_session(tmp_path: Path, caplog) -> None:
     # the tiny random model fills the socket's kernel buffers in seconds; the server then gives up after its 2 s
-    # send timeout, while the client still holds the connection open
+    # send timeout, while the client still holds the connection open (seeded: its audio is far more than they hold)
+    caplog.set_level(logging.WARNING, logger="server.http_common")
     with start_server(tmp_path, checkpoint=RANDOM_TINY_MODEL, send_timeout_s=2.0) as srv:
-        body = json.dumps({"text": "Never read. " * 200, "streaming": True, "format": "pcm", "max_new_tokens": 4000})
+        body = json.dumps(
+            {"text": "Never read. " * 200, "streaming": True, "format": "pcm", "max_new_tokens": 4000, "seed": 1}
+        )
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", srv.settings.port))
@@ -246,17 +300,15 @@ def test_a_stream_nobody_reads_is_dropped_and_frees_its_session(tmp_path: Path) 
                 f"POST /v1/tts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
             )
-            deadline = time.monotonic() + 5
-            while not srv.gateway.engine.open_sessions and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert srv.gateway.engine.open_sessions == 1
-            wait_until_no_sessions(srv.gateway.engine, timeout_s=25)
+            wait_for(lambda: srv.gateway.engine.open_sessions == 1)
+            wait_until_no_sessions(srv.gateway.engine, timeout_s=120)
+            assert "did not read for 2 s; dropping it" in caplog.text  # dropped, not finished
         finally:
             sock.close()
         assert tts(srv, text=SHORT, format="pcm").status_code == 200
 
 
-def wait_until_no_sessions(engine, timeout_s: float = 5.0) -> None:
+def wait_until_no_sessions(engine, timeout_s: float = 30.0) -> None:  # a generous guard against hangs only
     deadline = time.monotonic() + timeout_s
     while engine.open_sessions and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -266,7 +318,7 @@ def wait_until_no_sessions(engine, timeout_s: float = 5.0) -> None:
 def test_health_and_metrics(server: ServerHandle) -> None:
     assert httpx.get(f"{server.base_url}/v1/health").json() == {"status": "ok"}
     assert httpx.post(f"{server.base_url}/v1/health").status_code == 200
-    assert tts(server, text=SHORT, format="pcm").status_code == 200
+    assert tts(server, text=SHORT, format="pcm", seed=8).status_code == 200
     assert tts(server, text=SHORT, top_p=7).status_code == 400
     metrics = httpx.get(f"{server.base_url}/metrics").text
     assert 'fishgate_http_synthesis_total{api="fish"}' in metrics
@@ -306,7 +358,9 @@ def test_wrong_api_key_is_refused_on_every_http_endpoint(secured_server: ServerH
     with pytest.raises(openai.AuthenticationError):
         client.audio.speech.create(model="tts-1", voice="alloy", input=SHORT)
     ok = httpx.post(
-        f"{base}/v1/tts", json={"text": SHORT, "format": "pcm"}, headers={"Authorization": f"Bearer {API_KEY}"}
+        f"{base}/v1/tts",
+        json={"text": SHORT, "format": "pcm", "seed": 9},
+        headers={"Authorization": f"Bearer {API_KEY}"},
     )
     assert ok.status_code == 200
     assert_not_silent(s16(ok.content))

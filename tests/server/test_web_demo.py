@@ -203,11 +203,27 @@ def test_type_ahead_mode_speaks_while_typing(server: ServerHandle, browser_conte
 def test_stop_cancels_playback_at_once(server: ServerHandle, browser_context) -> None:
     page, console = open_page(browser_context, server.base_url + "/")
     page.select_option("#mode", "all")
+    page.fill("#seed", "1")  # seeded: the random model's audio is long, not an end token after a few frames
     page.fill("#text", LONG)
+    # count the player's final reports (the one after a clear comes last): a listener on each worklet node's port
+    page.evaluate(
+        """() => {
+            window.finalReports = 0;
+            const Base = window.AudioWorkletNode;
+            window.AudioWorkletNode = class extends Base {
+                constructor(...args) {
+                    super(...args);
+                    this.port.addEventListener("message", (e) => {
+                        if (e.data.type === "stats" && e.data.final) window.finalReports++;
+                    });
+                }
+            };
+        }"""
+    )
     page.click("#speak")
     wait_for(page, "window.fishgate.stats().samplesPlayed > 20000", SPEAK_TIMEOUT_MS)
     page.click("#stop")
-    page.wait_for_timeout(150)  # the worklet's last report after the clear
+    wait_for(page, "window.finalReports > 0")  # the worklet's last report after the clear
     before = stats(page)
     assert before["state"] == "done" and before["reason"] == "cancelled", before
     assert before["samplesPlayed"] < MIN_SAMPLES_PER_CHAR * len(LONG)  # it really was cut short
