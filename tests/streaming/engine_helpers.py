@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import shutil
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,3 +158,55 @@ async def speak_together(engine: Engine, settings: list[SynthesisSettings], text
     gate.set()
     await held
     return await asyncio.gather(*pending)
+
+
+# Every module whose clock readings the worker's decisions rest on: client buffers and the playback clock
+# (stream_state), refills, held growth, prefill holds, pacing and turn times (worker), the turn average that held
+# growth reads (realtime_admission). Each reads `time.monotonic()` / `time.perf_counter()` through its `time` import.
+CLOCKED_MODULES = ("streaming.worker", "streaming.stream_state", "streaming.realtime_admission")
+
+
+class VirtualClock:
+    """The clock as the worker sees it under `virtual_clock()`: `monotonic()` and `perf_counter()` move only when
+    something calls `advance` (a test backend's decode step, a test standing for a pause), so the worker's timing
+    decisions do not depend on how fast or loaded the machine is. Thread-safe."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self._now = start_s
+        self._lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    perf_counter = monotonic
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0, seconds
+        with self._lock:
+            self._now += seconds
+
+
+class _ClockedTime:
+    """The `time` module, but for the virtual clock's monotonic() and perf_counter() (sleep and the rest are real)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.monotonic = clock.monotonic
+        self.perf_counter = clock.perf_counter
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@contextmanager
+def virtual_clock(start_s: float = 1000.0) -> Iterator[VirtualClock]:
+    """Patch the clock of CLOCKED_MODULES with a VirtualClock for the block (enter it before `running_engine`, so
+    the engine has stopped before the real clock is back)."""
+    clock = VirtualClock(start_s)
+    with ExitStack() as stack:
+        for name in CLOCKED_MODULES:
+            module = importlib.import_module(name)
+            assert module.time is time, f"{name} no longer reads the clock through `time`"
+            stack.callback(setattr, module, "time", time)
+            module.time = _ClockedTime(clock)
+        yield clock

@@ -1,11 +1,11 @@
 """Clients about to run dry: refills (queued frames go out early, in a smaller chunk) and prefill holds (new
 prompts wait a moment while a decoding stream's client is nearly dry).
 
-The engine runs a real tiny random-weight model and vocoder (tests/assets; the timing assumes steps far faster than
-real time when not slowed, which the trained default is not on a loaded 2-core CPU); only its decode step is made
-slower than real time
-(60 ms per 46 ms frame, as an overloaded GPU would be) for its first steps or all of them, and never emits the end
-token (so every utterance has its full length whatever the unseeded sampling draws).
+The engine runs a real tiny random-weight model and vocoder (tests/assets); its decode step never emits the end token
+(so every utterance has its full length whatever the unseeded sampling draws) and is made slower than real time (60
+ms per 46 ms frame, as an overloaded GPU would be) for its first steps or all of them. Tests that need steps faster
+than real time as well run the worker on a virtual clock (engine_helpers.virtual_clock): each decode step advances it
+by a fixed amount and nothing else does, so "fast" and "slow" hold by construction on any machine.
 """
 
 from __future__ import annotations
@@ -17,15 +17,25 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from streaming.backend import BackendConfig
 from streaming.chunking import SCHEDULES, Latency, refill_size
 from streaming.engine import Engine
 from streaming.session import SegmentDone, SynthesisSettings, Voice
-from tests.streaming.engine_helpers import RANDOM_TINY_MODEL, NeverEnding, collect, running_engine, speak
+from tests.streaming.engine_helpers import (
+    RANDOM_TINY_MODEL,
+    NeverEnding,
+    VirtualClock,
+    collect,
+    running_engine,
+    speak,
+    virtual_clock,
+)
 from tests.streaming.test_engine import offline_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 STEP_S = 0.06  # > 2048 / 44100 s: the client's buffer shrinks while the stream decodes
+FAST_STEP_S = 0.01  # on the virtual clock: a step ~4.6x faster than real time (and everything else takes no time)
 FRAMES = 40
 SPF = 2048
 TEXT = "A sentence long enough to be spoken for a while by the untrained model."
@@ -45,8 +55,18 @@ class SlowNeverEnding(NeverEnding):
         return super().step(rows, commit, max_pos, while_running)
 
 
-class SlowThenFast(SlowNeverEnding):
-    slow_steps = 14
+class VirtualSteps(NeverEnding):
+    """The real backend on the worker's virtual clock: its first `slow_steps` decode steps take STEP_S each, the rest
+    FAST_STEP_S (the clock moves by that much; no real time is spent), and its frames never carry the end token."""
+
+    def __init__(self, config: BackendConfig, clock: VirtualClock, slow_steps: int = 0) -> None:
+        super().__init__(config)
+        self.clock, self.slow_steps, self.steps = clock, slow_steps, 0
+
+    def step(self, rows: int, commit: Sequence[bool], max_pos: int, while_running=None) -> np.ndarray:
+        self.clock.advance(STEP_S if self.steps < self.slow_steps else FAST_STEP_S)
+        self.steps += 1
+        return super().step(rows, commit, max_pos, while_running)
 
 
 def speak_slowly(
@@ -80,8 +100,12 @@ def test_a_dry_client_gets_every_four_frames_and_the_audio_is_unchanged() -> Non
 
 
 def test_refills_do_not_advance_the_schedule() -> None:
-    """Slow for 14 steps, then fast: once the buffer is back up, the schedule resumes where it was (8, 8, 16)."""
-    utt = speak_slowly(0.15, seed=None, backend=SlowThenFast, frames=80)
+    """Slow for 14 steps, then fast: once the buffer is back up, the schedule resumes where it was (8, 8, 16).
+    On the virtual clock, so the fast steps are fast (and the slow ones slow) whatever the machine's speed."""
+    with virtual_clock() as clock:
+        utt = speak_slowly(
+            0.15, seed=None, backend=lambda config: VirtualSteps(config, clock, slow_steps=14), frames=80
+        )
     frames = [n // SPF for n in utt.chunk_samples]
     assert sum(frames) == 80 and frames[:4] == [4, 4, 4, 4], frames
     assert [f for f in frames if f > 4][:3] == [8, 8, 16], frames
@@ -160,17 +184,21 @@ def test_the_chunk_schedule_starts_over_only_after_the_client_ran_dry() -> None:
     """A client whose audio ran out while it waited for more text has an empty buffer again, so the next segment
     starts with the schedule's small first chunks (4, 4, 8), not where the last segment left off (8, 8). A client
     that still has audio to play goes on with the schedule; so does a seeded stream even when it ran dry (its
-    chunking must not depend on timing). Every segment here is 16 frames long: 4 + 4 + 8 by the schedule."""
+    chunking must not depend on timing). Every segment here is 16 frames long: 4 + 4 + 8 by the schedule.
+
+    On the virtual clock: each decode step takes FAST_STEP_S and the pause between the segments moves the clock on
+    by `pause_s`, so a client that kept playing is ~0.6 s ahead when its second segment starts, and one that paused
+    is ~0.4 s dry, whatever the machine's speed."""
     frames = 16
     text = "Sixteen frames of speech."
 
-    async def segments(engine: Engine, seed: int | None, pause_s: float | None) -> list[list[int]]:
+    async def segments(engine: Engine, clock: VirtualClock, seed: int | None, pause_s: float | None) -> list[list[int]]:
         """Chunk sizes in frames of two segments, the second sent after `pause_s` (None: both at once)."""
         session = engine.open_session(Voice(), SynthesisSettings(seed=seed, max_new_tokens=frames))
         session.speak(text)
         if pause_s is not None:
             first = await collect(session, until=SegmentDone)
-            await asyncio.sleep(pause_s)
+            clock.advance(pause_s)  # the worker is idle (it has no text): no step moves the clock meanwhile
         session.speak(text)
         session.end_utterance()
         rest = await collect(session)
@@ -179,18 +207,22 @@ def test_the_chunk_schedule_starts_over_only_after_the_client_ran_dry() -> None:
         assert sum(chunks) == 2 * frames and rest.done is not None and not rest.errors, chunks
         return [chunks[:3], chunks[3:]]
 
-    async def main(engine: Engine):
+    async def main(engine: Engine, clock: VirtualClock):
         dry = frames * SPF / 44100 + 0.25  # a pause longer than the first segment's audio
         return (
-            await segments(engine, None, dry),
-            await segments(engine, None, None),
-            await segments(engine, 7, dry),
+            await segments(engine, clock, None, dry),
+            await segments(engine, clock, None, None),
+            await segments(engine, clock, 7, dry),
         )
 
-    with running_engine(
-        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=NeverEnding, warm_up=False, refill_below_s=None
-    ) as engine:
-        ran_dry, kept_playing, seeded = asyncio.run(main(engine))
+    with (
+        virtual_clock() as clock,
+        running_engine(
+            RANDOM_TINY_MODEL, max_sessions=2, backend_factory=lambda config: VirtualSteps(config, clock),
+            warm_up=False, refill_below_s=None,
+        ) as engine,
+    ):  # fmt: skip
+        ran_dry, kept_playing, seeded = asyncio.run(main(engine, clock))
     assert ran_dry == [[4, 4, 8], [4, 4, 8]], ran_dry
     assert kept_playing == [[4, 4, 8], [8, 8]], kept_playing
     assert seeded == [[4, 4, 8], [8, 8]], seeded

@@ -1,24 +1,34 @@
 """Pacing (`WorkerLimits.pace_lead_s`): while another stream needs audio soon, a stream far ahead of its client's
 playback sits out turns; alone, nothing is paced. Its codes and audio are unchanged, only when they are made.
 
-The engine runs the real tiny random-weight model and vocoder (tests/assets); its decode step sleeps 10 ms so a turn
-takes a known ~3x less than a frame's 46 ms whatever the machine, and never emits the end token (every utterance has
-its full length).
+The engine runs the real tiny random-weight model and vocoder (tests/assets) on a virtual clock
+(engine_helpers.virtual_clock): each decode step advances the worker's clock by 10 ms and nothing else moves it, so a
+turn takes ~4.6x less than a frame's 46 ms whatever the machine's speed or load. Its frames never carry the end token
+(every utterance has its full length).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
+from streaming.backend import BackendConfig
 from streaming.engine import Engine
 from streaming.session import AudioChunk, SynthesisSettings, Voice
 from streaming.worker import PACE_NEEDY_S, WorkerLimits
-from tests.streaming.engine_helpers import RANDOM_TINY_MODEL, NeverEnding, collect, running_engine, speak
+from tests.streaming.engine_helpers import (
+    EVENT_TIMEOUT_S,
+    RANDOM_TINY_MODEL,
+    NeverEnding,
+    VirtualClock,
+    collect,
+    running_engine,
+    virtual_clock,
+)
 from tests.streaming.test_engine import offline_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -27,23 +37,33 @@ SR = 44100
 LEAD_S = 1.0
 TEXT_A = "The first speaker has a long story to tell, and it goes on for quite a while before it ends."
 TEXT_B = "A newcomer joins."
+STEP_S = 0.01  # virtual seconds per decode step
+# The step that waits until the test has had its 3 s of A's audio (88 frames: chunks 4, 4, 8, 8, 16, 24, 24) and
+# queued B's text: A is still decoding when B arrives, however slowly the test's thread runs.
+HOLD_AT_STEP = 100
 
 
 class SteadyNeverEnding(NeverEnding):
-    """Steps of at least 10 ms; records each step's rows and how many of them advanced."""
+    """Steps of STEP_S on the worker's virtual clock; records each step's rows and how many of them advanced. Step
+    HOLD_AT_STEP waits for `go`."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: BackendConfig, clock: VirtualClock) -> None:
+        super().__init__(config)
+        self.clock = clock
+        self.go = threading.Event()
         self.steps: list[tuple[int, int]] = []  # (rows, rows that advanced)
 
     def step(self, rows: int, commit: Sequence[bool], max_pos: int, while_running=None) -> np.ndarray:
-        time.sleep(0.01)
+        if len(self.steps) == HOLD_AT_STEP:
+            self.go.wait(EVENT_TIMEOUT_S)
+        self.clock.advance(STEP_S)
         self.steps.append((rows, sum(commit)))
         return super().step(rows, commit, max_pos, while_running)
 
 
 async def a_then_newcomer(engine: Engine, frames_a: int, newcomer: bool):
-    """A (seeded) speaks; once its client is well ahead (3 s of audio received), B (seeded) arrives."""
+    """A (seeded) speaks; once its client is well ahead (3 s of audio received), B (seeded) arrives (its text queued
+    before A's decoding goes past HOLD_AT_STEP)."""
     a = engine.open_session(Voice(), SynthesisSettings(seed=3, max_new_tokens=frames_a))
     a.speak(TEXT_A)
     a.end_utterance()
@@ -56,7 +76,11 @@ async def a_then_newcomer(engine: Engine, frames_a: int, newcomer: bool):
         received_s += len(ev.pcm) / SR
     if newcomer:
         b = engine.open_session(Voice(), SynthesisSettings(seed=5, max_new_tokens=40))
-        b_task = asyncio.ensure_future(speak(b, TEXT_B))
+        b.speak(TEXT_B)
+        b.end_utterance()
+        b_task = asyncio.ensure_future(collect(b))
+    assert engine._worker is not None
+    engine._worker.b.go.set()  # type: ignore[attr-defined]
     rest = await collect(a)
     utt_a = rest
     utt_a.pcm = np.concatenate([*pcm, rest.pcm])
@@ -65,16 +89,20 @@ async def a_then_newcomer(engine: Engine, frames_a: int, newcomer: bool):
 
 
 def run(pace_lead_s: float | None, newcomer: bool, frames_a: int = 200):
-    with running_engine(
-        RANDOM_TINY_MODEL, max_sessions=2, backend_factory=SteadyNeverEnding, warm_up=False, pace_lead_s=pace_lead_s
-    ) as engine:  # fmt: skip
+    with (
+        virtual_clock() as clock,
+        running_engine(
+            RANDOM_TINY_MODEL, max_sessions=2, backend_factory=lambda config: SteadyNeverEnding(config, clock),
+            warm_up=False, pace_lead_s=pace_lead_s,
+        ) as engine,
+    ):  # fmt: skip
         utt_a, utt_b = asyncio.run(a_then_newcomer(engine, frames_a, newcomer))
         worker = engine._worker
         return utt_a, utt_b, worker.stats, list(worker.b.steps)
 
 
 def test_a_stream_far_ahead_sits_out_while_a_newcomer_starts_and_nothing_else_changes() -> None:
-    """A is ~3x faster than real time, so 3 s of audio in it is > 1 s ahead of playback: while B's prompt is written
+    """A is ~4.6x faster than real time, so 3 s of audio in it is > 1 s ahead of playback: while B's prompt is written
     and B has under PACE_NEEDY_S of audio, A's row computes and discards. Without pacing every row advances every
     step. A's and B's codes are the same either way (seeded; CPU rows are batch-invariant) and their audio is the
     offline decode of their codes."""
