@@ -238,8 +238,10 @@ class LiveConnection:
             elif kind == "cancel":
                 pass  # a barge-in that crossed the turn's finish: nothing is left to cancel
             elif self.failed_turn:
-                if kind == "flush":  # a client that never restarts (pipecat) hears of each utterance it loses
-                    raise _TurnFailed("not_started", "the last start failed (see the error before); send a new start")
+                if kind == "flush":  # a client that never restarts (pipecat) hears of each utterance it loses; the
+                    # failure itself was counted and logged once already
+                    await self._send(proto.error("not_started", "the last start failed (see the error before it)"))
+                    await self._send(proto.finish("error"))
             else:
                 raise proto.RecoverableError("not_started", f"send start first (got {kind!r} before start)")
             return
