@@ -78,11 +78,16 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
     # waits up to 5 ms at every hand-back while hundreds of sockets are busy. A shorter interval keeps the decode
     # loop fed (measured on the H200 end-to-end run; see docs/BENCHMARKS.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    log = logging.getLogger("fishgate")
+    taken = _address_in_use(settings.host, settings.port)
+    if taken is not None:  # before the model loads: say so at once and hold nothing
+        log.critical("fishgate could not start: %s:%d is in use (%s); stop the other server or pass another --port",
+                     settings.host, settings.port, taken)  # fmt: skip
+        return EXIT_CONFIG_ERROR
     gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
     server = _DrainingServer(uvicorn_config(settings, app), gateway)
     gateway.on_fault = server.stop_now
-    log = logging.getLogger("fishgate")
     log.info("fishgate serving on http://%s:%d (demo page at /, API under /v1)", settings.host, settings.port)
     if not settings.api_key and not is_loopback(settings.host):
         log.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
@@ -94,6 +99,20 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
         log.critical("exiting with status %d: %s", EXIT_ENGINE_FAULT, gateway.engine.fault)
         return EXIT_ENGINE_FAULT
     return 0
+
+
+def _address_in_use(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be bound (as uvicorn binds it: SO_REUSEADDR), or None when it can."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 class _DrainingServer:

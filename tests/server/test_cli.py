@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,6 +83,20 @@ def test_a_refused_configuration_exits_2_with_its_reason_last(tmp_path: Path, fl
     )
     last = (done.stdout + done.stderr).strip().splitlines()[-1]
     assert done.returncode == 2 and "could not start" in last and needle in last, last
+
+
+def test_a_port_in_use_exits_2_naming_the_address_and_the_port_is_not_held(tmp_path: Path) -> None:
+    env = {**os.environ, "FISHGATE_REFERENCES_DIR": str(tmp_path / "refs")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env["FISHGATE_PORT"] = str(port)
+        done = subprocess.run([*FISHGATE, "serve"], check=False, env=env, capture_output=True, text=True, timeout=90)
+    last = (done.stdout + done.stderr).strip().splitlines()[-1]
+    assert done.returncode == 2 and "could not start" in last and f"127.0.0.1:{port}" in last, last
+    with socket.socket() as again:  # the failed server holds nothing: the port binds once its first owner is gone
+        again.bind(("127.0.0.1", port))
 
 
 def test_serve_drains_on_sigterm(tmp_path: Path) -> None:
