@@ -56,6 +56,7 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
+CANCEL_RETRY_S = 0.05  # an abandoned turn's sender is cancelled again if it has not ended after this
 MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is 125 bytes, 2 of them the code
 
 
@@ -99,6 +100,9 @@ class LiveConnection:
     stopping_utterance: int | None = None  # the utterance `stop` ended (a later `cancel` still barges into it)
     turns: int = 0  # turns started on this connection
     failed_turn: bool = False  # the last `start` failed: the rest of that turn's messages are dropped
+    # an utterance of the open turn failed (its finish(error) went out): its remaining text is dropped until the
+    # client's next flush, stop or start, so one failure gets one finish
+    failed_utterance: int | None = None
     warned: bool = False  # a failure is logged at WARNING once per connection
     _sender: asyncio.Task | None = None
 
@@ -118,8 +122,9 @@ class LiveConnection:
         finally:
             sender = self._sender
             if sender is not None:
-                if not sender.done():
+                while not sender.done():  # a cancel can be swallowed by a library: ask until it ends
                     sender.cancel()
+                    await asyncio.wait({sender}, timeout=CANCEL_RETRY_S)
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await sender  # also takes what it ended with, so nothing is logged as never retrieved
             self._end_turn()
@@ -245,6 +250,17 @@ class LiveConnection:
             else:
                 raise proto.RecoverableError("not_started", f"send start first (got {kind!r} before start)")
             return
+        if self.failed_utterance is not None and self.state is LiveState.STREAMING:
+            if kind in ("start", "stop"):  # the client ends the turn whose finish(error) it has had
+                await self._abandon_turn()
+                if kind == "start":
+                    await self._handle(event)
+                return
+            if kind == "text":
+                return  # the rest of the failed utterance
+            self.failed_utterance = None  # flush or cancel: the failed utterance is over, speaking goes on
+            if kind == "flush":
+                return
         if kind == "start":
             raise proto.RecoverableError(
                 "already_started", "this turn has started; send text, flush, cancel or stop, and start after finish"
@@ -258,17 +274,12 @@ class LiveConnection:
         if kind == "text":
             text = event.payload["text"]
             if len(text) > self.gw.settings.max_text_chars:
-                self._drop_utterance()
                 raise _TurnFailed(
                     "text_too_long",
                     f"a text event holds at most {self.gw.settings.max_text_chars} characters (--max-text-chars); "
                     "send it in parts",
                 )
-            try:
-                self.session.check_room(len(text))  # whole, before the segmenter splits it: no part of it is queued
-            except Exception:
-                self._drop_utterance()
-                raise
+            self.session.check_room(len(text))  # whole, before the segmenter splits it: no part of it is queued
             self._note_text()
             self._speak(self.segmenter.feed(normalize_text(text) if self.params.normalize else text, time.monotonic()))
         elif kind == "flush":
@@ -284,9 +295,19 @@ class LiveConnection:
     def _drop_utterance(self) -> None:
         """The current utterance cannot be served whole: stop it (its `finish(error)` follows), keep the session."""
         assert self.session is not None and self.params is not None
-        self.session.cancel()
-        self.utterances.pop(self.session.utterance, None)
+        utt = self.session.cancel()
+        self.utterances.pop(utt, None)
         self.segmenter = Segmenter(self.params.segmenter)
+        self.failed_utterance = utt
+
+    async def _abandon_turn(self) -> None:
+        """End the open turn without another `finish`: the client has had its finish(error)."""
+        sender = self._sender
+        self._end_turn()
+        while sender is not None and not sender.done():  # a cancel can be swallowed by a library: ask until it ends
+            sender.cancel()
+            await asyncio.wait({sender}, timeout=CANCEL_RETRY_S)
+        self._reap_sender()
 
     async def _await_last_turn(self) -> None:
         """A `start` that crossed the last turn's sender on its way out (it sent `finish` and is closing)."""
@@ -354,6 +375,7 @@ class LiveConnection:
         self.segmenter = None
         self.utterances.clear()
         self.stopping_utterance = None
+        self.failed_utterance = None
         if self.state is not LiveState.CLOSED:
             self.state = LiveState.AWAIT_START
 
@@ -395,6 +417,13 @@ class LiveConnection:
                     if stopped:
                         return
             elif isinstance(ev, SessionError):
+                if (
+                    not ev.fatal
+                    and self.failed_utterance is not None
+                    and ev.utterance is not None
+                    and (ev.utterance >= self.failed_utterance)
+                ):
+                    continue  # more of an utterance whose failure went out already
                 self._count_failure(ev.code, ev.message)
                 await self._send(proto.error(ev.code, ev.message))
                 if ev.fatal:  # the engine closed the session: the turn is over
@@ -425,7 +454,10 @@ class LiveConnection:
             if self.state is LiveState.CLOSED:  # closed while this send waited for the lock (a send timeout)
                 return
             try:
-                await asyncio.wait_for(self.ws.send(message), self.gw.settings.send_timeout_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands as the send
+                # completes, and the cancelled sender would then wait for events forever
+                async with asyncio.timeout(self.gw.settings.send_timeout_s):
+                    await self.ws.send(message)
             except TimeoutError:
                 log.warning("live session %s: client not reading; closing", self.session.id if self.session else "-")
                 if self.session is not None:
@@ -443,7 +475,10 @@ class LiveConnection:
             log.warning("live connection (turn %d): %s: %s", self.turns, code, message)
 
     async def _fail_turn(self, code: str, message: str) -> None:
-        """This turn cannot be served: `error` naming the fix, then `finish(error)`; the socket stays open."""
+        """This turn or its utterance cannot be served: `error` naming the fix, then `finish(error)`; the socket
+        stays open. Mid-turn, the utterance is dropped with the rest of its text (one failure, one finish)."""
+        if self.state is LiveState.STREAMING and self.failed_utterance is None:
+            self._drop_utterance()
         self._count_failure(code, message)
         await self._send(proto.error(code, message))
         await self._send(proto.finish("error"))

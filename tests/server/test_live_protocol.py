@@ -175,7 +175,9 @@ def test_recoverable_mistakes_get_error_events_and_the_session_continues(server:
         {"event": "start", "request": {"text": "", "format": "pcm"}},  # finally a good start
         {"event": "start", "request": {"text": "", "format": "pcm"}},  # start twice
         {"event": "text", "text": 42},  # mistyped text
-        {"event": "text", "text": "x" * 20_001},  # over the text limit
+        {"event": "text", "text": "x" * 20_001},  # over the text limit: its utterance fails...
+        {"event": "text", "text": "This is dropped with it."},  # ...with the rest of its text,
+        {"event": "flush"},  # until the client's next flush
         {"event": "text", "text": "And it still speaks."},
         {"event": "stop"},
     ]
