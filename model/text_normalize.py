@@ -320,9 +320,21 @@ def _expand_romans(text: str) -> str:
 
 
 def _to_ascii(text: str) -> str:
-    text = "".join(_CHAR_MAP.get(c, c) for c in text)
-    text = unicodedata.normalize("NFKD", text)
+    # format characters (zero-width spaces and joiners, soft hyphens) go first: they sit inside words
+    text = "".join(_CHAR_MAP.get(c, c) for c in text if unicodedata.category(c) != "Cf")
+    text = unicodedata.normalize("NFKD", text)  # also folds full-width forms and ligatures
     return "".join(c for c in text if not unicodedata.combining(c))
+
+
+def unreadable_chars(text: str) -> str:
+    """The letters and digits of `text` that `normalize_text` drops, in order: scripts it has no rules for (Han,
+    kana, Hangul, Cyrillic, Arabic, Greek, ...). Accented Latin letters lose only their accents and decimal digits
+    of any script are spelled out, so neither is listed; punctuation, symbols and emoji are not letters."""
+    return "".join(c for c in text if c.isalnum() and not c.isdecimal() and not _has_ascii_alnum(_to_ascii(c)))
+
+
+def _has_ascii_alnum(text: str) -> bool:
+    return any(c.isascii() and c.isalnum() for c in text)
 
 
 def _expand_symbols(text: str) -> str:
@@ -392,6 +404,8 @@ def words_for_scoring(text: str) -> list[str]:
 
 # Normalisers a checkpoint folder can declare in fishgate.json ("text_normalizer"), by name.
 NORMALIZERS: dict[str, Callable[[str], str]] = {"english": normalize_text}
+# For each normaliser: the letters of a text it would drop (what a model reading only its output cannot say).
+UNREADABLE: dict[str, Callable[[str], str]] = {"english": unreadable_chars}
 
 
 def get_normalizer(name: str | None) -> Callable[[str], str] | None:

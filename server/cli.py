@@ -266,7 +266,6 @@ def _add_synth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-length", type=int, default=200, help="characters per text segment [default 200]")
     p.add_argument("--latency", default="balanced", choices=("low", "balanced", "normal"), help="[default balanced]")
     p.add_argument("--sample-rate", type=int, default=44_100, help="output rate in Hz [default 44100]")
-    p.add_argument("--no-normalize", action="store_true", help="speak the text as given (no NFKC clean-up)")
 
 
 def synth(args: argparse.Namespace) -> int:
@@ -282,12 +281,17 @@ def synth(args: argparse.Namespace) -> int:
         "text": "", "format": "pcm", "sample_rate": args.sample_rate, "seed": args.seed,
         "temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
         "max_new_tokens": args.max_new_tokens, "chunk_length": args.chunk_length, "latency": args.latency,
-        "normalize": not args.no_normalize,
     }  # fmt: skip
     try:  # the live endpoint's own validation and defaults, so both paths build identical settings
         parse_tts_request(request, max_text_chars=len(args.text) + 1)  # bad values fail before the model loads
         voice_audio = args.voice_audio.read_bytes() if args.voice_audio is not None else None
-        pcm, rate_hz = asyncio.run(_synthesize(args, request, voice_audio))
+        # a file has no listener who can fall behind: the engine's real-time alarm says nothing useful here
+        worker_log = logging.getLogger("streaming.worker")
+        worker_log.addFilter(_not_a_slow_turn)
+        try:
+            pcm, rate_hz = asyncio.run(_synthesize(args, request, voice_audio))
+        finally:
+            worker_log.removeFilter(_not_a_slow_turn)
     except (FishgateError, ValueError, OSError, RuntimeError) as e:
         print(f"fishgate synth: {e}", file=sys.stderr)
         return 2
@@ -297,6 +301,10 @@ def synth(args: argparse.Namespace) -> int:
     args.output.write_bytes(wav_header(rate_hz, len(pcm)) + pcm)
     print(f"wrote {args.output} ({len(pcm) // 2 / rate_hz:.2f} s at {rate_hz} Hz)")
     return 0
+
+
+def _not_a_slow_turn(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("slow turn:")
 
 
 async def _synthesize(
@@ -310,7 +318,7 @@ async def _synthesize(
     from streaming.session import Voice
     from streaming.synth import reference_voice, synthesize
 
-    from .params import REFERENCE_SECONDS, normalize_text, parse_tts_request
+    from .params import REFERENCE_SECONDS, parse_tts_request
 
     engine = Engine(
         EngineConfig(
@@ -328,8 +336,7 @@ async def _synthesize(
         if voice_audio is not None:
             lo, hi = REFERENCE_SECONDS
             voice = await reference_voice(engine, voice_audio, args.voice_text, min_duration_s=lo, max_duration_s=hi)
-        text = normalize_text(args.text) if params.normalize else args.text
-        pcm_f32 = await synthesize(engine, text, voice, params.settings, params.segmenter)
+        pcm_f32 = await synthesize(engine, args.text, voice, params.settings, params.segmenter)
     finally:
         engine.stop()
     output = AudioOutput(params.output)

@@ -40,7 +40,6 @@ from .params import (
     MAX_REFERENCES,
     check_bool,
     check_reference_text,
-    normalize_text,
     parse_tts_request,
     require_field,
 )
@@ -76,8 +75,7 @@ async def tts(request: Request, gw: Gateway) -> Response:
         if len(inline) > MAX_REFERENCES:
             raise ValueOutOfRange(f"at most {MAX_REFERENCES} references are accepted, reference_audio included")
     voice = await gw.voices.resolve(params.reference_id, inline)
-    text = normalize_text(params.text) if params.normalize else params.text
-    job = SynthesisJob(text, voice, params.settings, params.output, params.segmenter)
+    job = SynthesisJob(params.text, voice, params.settings, params.output, params.segmenter)
 
     synth, chunks = await start_synthesis(gw, job, "fish", started_s)
     fmt = params.output.format

@@ -43,7 +43,7 @@ from streaming.session import (
 from . import live_protocol as proto
 from .gateway import Gateway
 from .http_common import encode_audio, off_loop_if_large
-from .params import TTSParams, normalize_text, parse_tts_request
+from .params import TTSParams, parse_tts_request
 from .wire import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -281,7 +281,7 @@ class LiveConnection:
                 )
             self.session.check_room(len(text))  # whole, before the segmenter splits it: no part of it is queued
             self._note_text()
-            self._speak(self.segmenter.feed(normalize_text(text) if self.params.normalize else text, time.monotonic()))
+            self._speak(self.segmenter.feed(text, time.monotonic()))
         elif kind == "flush":
             self._speak(self.segmenter.flush())
         elif kind == "cancel":
@@ -346,8 +346,7 @@ class LiveConnection:
         )
         if params.text:
             self._note_text()
-            text = normalize_text(params.text) if params.normalize else params.text
-            self._speak(self.segmenter.feed(text, time.monotonic()))
+            self._speak(self.segmenter.feed(params.text, time.monotonic()))
 
     def _note_text(self) -> None:
         assert self.session is not None and self.params is not None

@@ -35,7 +35,6 @@ from .params import (
     check_choice,
     check_range,
     check_text,
-    normalize_text,
     parse_tts_request,
     require_field,
 )
@@ -110,7 +109,7 @@ async def speech(request: Request, gw: Gateway) -> Response:
             raise
         voice = Voice()  # no stored voice of that name: the built-in names mean the model's own voice
     p = sr.params
-    job = SynthesisJob(normalize_text(sr.text), voice, p.settings, p.output, p.segmenter, OPENAI_SPEED)
+    job = SynthesisJob(sr.text, voice, p.settings, p.output, p.segmenter, OPENAI_SPEED)
     synth, chunks = await start_synthesis(gw, job, "openai", started_s)
     timeout_s = gw.settings.send_timeout_s
     if sr.stream_format == "sse":

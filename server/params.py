@@ -9,8 +9,6 @@ Knows nothing about sockets or the model.
 from __future__ import annotations
 
 import math
-import re
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +43,6 @@ REFERENCE_SECONDS = (1.0, 60.0)  # per reference, and never more than the model'
 SEED = (0, 2**62)
 MAX_AUDIO_S_PER_UTTERANCE = 600.0
 OPUS_AUTO_BITRATE = -1000  # Fish's "let the encoder choose"
-_SPACE_RUNS = re.compile(r"[ \t]{2,}")
 
 
 def check_range(name: str, value: Any, bounds: tuple[float, float], *, integer: bool = False) -> Any:
@@ -86,13 +83,6 @@ def check_text(name: str, value: Any, max_chars: int) -> str:
     return value
 
 
-def normalize_text(text: str) -> str:
-    """Fish's `normalize`: NFKC (full-width forms, ligatures), control characters dropped, space runs collapsed."""
-    text = unicodedata.normalize("NFKC", text)
-    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch)[0] != "C")
-    return _SPACE_RUNS.sub(" ", text)
-
-
 @dataclass(frozen=True, slots=True)
 class ReferenceSpec:
     """An inline reference voice before encoding: the audio file bytes and its transcript."""
@@ -111,6 +101,8 @@ class TTSParams:
     segmenter: SegmenterConfig
     references: tuple[ReferenceSpec, ...]
     reference_id: str | None
+    # Accepted and validated, with no effect on the text (docs/API.md): fish-speech v1.5.1 ignores it too, Fish
+    # Speech 1.5 reads text as sent, and a model's own normaliser (the English default voice) always runs.
     normalize: bool
 
 

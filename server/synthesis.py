@@ -27,6 +27,7 @@ from streaming.errors import (
     SessionClosed,
     TextTooLong,
     UnknownVoice,
+    UnsupportedLanguage,
     ValueOutOfRange,
 )
 from streaming.segmenter import SegmenterConfig
@@ -52,7 +53,7 @@ _EVENT_ERRORS: dict[str, type[FishgateError]] = {
     cls.code: cls
     for cls in (
         TextTooLong, ValueOutOfRange, PromptTooLong, UnknownVoice, BadReferenceAudio, Overloaded, SessionClosed,
-        NotReady,
+        NotReady, UnsupportedLanguage,
     )
 }  # fmt: skip
 
@@ -77,8 +78,9 @@ def error_from_event(ev: SessionError) -> FishgateError:
 class Synthesis:
     """One running synthesis: an engine session speaking one utterance. Iterate `chunks()` once for the bytes.
 
-    `open` validates the output format, refuses text with nothing to speak and admits the session (waiting a moment
-    while the real-time admission defers it; NotReady / Overloaded raise here, before any response is sent).
+    `open` validates the output format, refuses text with nothing to speak or that the model cannot read (every
+    segment checked, so the refusal is an HTTP error and never a file cut short) and admits the session (waiting a
+    moment while the real-time admission defers it; NotReady / Overloaded raise here, before any response is sent).
     """
 
     def __init__(self, session: Session, output: AudioOutput, segments: int) -> None:
@@ -93,6 +95,12 @@ class Synthesis:
         segments = segment_text(job.text, job.segmenter)
         if not segments:
             raise ValueOutOfRange("the text has nothing to speak (only spaces, punctuation or symbols); send words")
+        for text in segments:  # every segment before any audio: a refusal is an HTTP error, never a cut-off file
+            try:
+                engine.check_text(text)
+            except UnsupportedLanguage as e:
+                log.warning("HTTP synthesis refused: %s", e)
+                raise
         rate_hz = engine.info.sample_rate_hz if engine.info is not None else 44_100
         output = AudioOutput(job.output, rate_hz, speed_range=job.speed_range)
         session = await engine.admit(job.voice, job.settings)

@@ -30,7 +30,7 @@ from model.codec_checkpoint import load_codec
 from model.host_staging import PinnedStaging
 from model.prompt import PromptBuilder, history_is_append
 from model.stepper import DecodeStepper, RowSampling, half_step_buckets, power_of_two_buckets
-from model.text_normalize import get_normalizer
+from model.text_normalize import UNREADABLE, get_normalizer
 from model.vocoder import FireflyCodec
 from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
@@ -39,6 +39,7 @@ from .chunking import all_chunk_sizes, call_groups
 from .device_times import DeviceTimes
 from .gc_pauses import freeze_new_objects, freeze_startup_objects
 from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
+from .text_support import check_readable
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +355,7 @@ class Backend:
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self._prefix_tokens: collections.OrderedDict[bytes, torch.Tensor] = collections.OrderedDict()
         self._normalize = get_normalizer(meta.get("text_normalizer"))
+        self._unreadable = UNREADABLE.get(meta.get("text_normalizer") or "")  # None: reads every script
         self.im_end_id = self.tokenizer.im_end_id
         self.max_seq_len = self.stepper.max_seq_len
         self.history_max_length = min(HISTORY_MAX_LENGTH, self.max_seq_len)
@@ -409,9 +411,15 @@ class Backend:
         """Prompt tokens of one segment; `model_text` is already `model_text(text)`."""
         return self.builder.target(model_text)
 
+    def check_text(self, text: str) -> None:
+        """UnsupportedLanguage if the model cannot read `text` (streaming.text_support); read-only, any thread."""
+        check_readable(text, self._unreadable)
+
     def prepare_segment(self, text: str) -> tuple[str, torch.Tensor]:
-        """A segment's model text and prompt tokens. Read-only use of the normaliser and tokeniser: safe from any
-        thread (the engine prepares segments on the caller's, Engine._prepare)."""
+        """A segment's model text and prompt tokens (UnsupportedLanguage for text the model cannot read). Read-only use
+        of the normaliser and tokeniser: safe from any thread (the engine prepares segments on the caller's,
+        Engine._prepare)."""
+        self.check_text(text)
         model_text = self.model_text(text)
         return model_text, self.segment_tokens(model_text)
 

@@ -225,6 +225,13 @@ class Engine:
             raise Overloaded("the engine's command queue is full; retry later")
         self._commands.put_nowait(cmd)
 
+    def check_text(self, text: str) -> None:
+        """UnsupportedLanguage if the served model cannot read `text` (streaming.text_support); a no-op before the
+        model is loaded. Read-only, any thread; the worker checks each segment again as it prepares it."""
+        worker = self._worker
+        if worker is not None:
+            worker.b.check_text(text)
+
     def _prepare(self, cmd: Speak) -> Speak:
         """Normalise and tokenise a segment's text here, on the caller's thread, instead of in the worker's turn
         (~0.4 ms a segment on a 2-core CPU; run 16 on the H200: 58–72 segments starting in one turn took 32–35 ms).

@@ -5,6 +5,7 @@
     │   ├── TextTooLong                text beyond a documented limit
     │   ├── ValueOutOfRange            a parameter outside its accepted range
     │   ├── PromptTooLong              text + voice do not fit the model's context
+    │   ├── UnsupportedLanguage        text in a script the served model cannot read (the English default voice)
     │   ├── UnknownVoice               reference id not found
     │   ├── IncompatibleVoice          reference codes this model cannot read (another codec's); the session closes
     │   └── BadReferenceAudio          uploaded reference is not usable audio
@@ -37,6 +38,10 @@ class ValueOutOfRange(RequestError):
 
 class PromptTooLong(RequestError):
     code = "prompt_too_long"
+
+
+class UnsupportedLanguage(RequestError):
+    code = "unsupported_language"
 
 
 class UnknownVoice(RequestError):

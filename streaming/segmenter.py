@@ -2,7 +2,9 @@
 
 Owns the buffer of not-yet-spoken text and the decision of when to cut it: at a sentence end, at a clause end once long
 enough, at `max_chars`, on client `flush`, after an idle pause (time comes in as `now_s` arguments; no clock reads), and
-at `finish`. It does not know about sockets, threads or the engine; where text may end is `streaming.text_units`.
+at `finish`. Lengths are spoken lengths (`text_units.spoken_length`: a Han character or Hangul syllable counts 3, a kana
+2, anything else 1), so Chinese, Japanese and Korean text starts speaking as early as English text that takes as long
+to say. It does not know about sockets, threads or the engine; where text may end is `streaming.text_units`.
 
 Errors: SegmenterOverflow (a `streaming.errors.TextTooLong`: the client sent more than MAX_BUFFER_CHARS unspoken text);
 `feed` after `finish` is a caller bug and raises RuntimeError.
@@ -16,7 +18,16 @@ from dataclasses import dataclass
 
 from .chunking import Latency
 from .errors import TextTooLong
-from .text_units import Boundary, BoundaryKind, char_cut, is_speakable, scan_boundaries, space_cut
+from .text_units import (
+    Boundary,
+    BoundaryKind,
+    char_cut,
+    is_speakable,
+    scan_boundaries,
+    space_cut,
+    spoken_length,
+    spoken_prefix,
+)
 
 # Most unspoken characters a segmenter holds; `feed` refuses text beyond it (a bound on memory per session).
 MAX_BUFFER_CHARS = 10_000
@@ -80,7 +91,7 @@ class TextSegment:
 
 @dataclass(frozen=True, slots=True)
 class SegmenterConfig:
-    """Segment sizes in characters of spoken text (leading/trailing whitespace not counted)."""
+    """Segment sizes in spoken length (`text_units.spoken_length`; leading/trailing whitespace not counted)."""
 
     max_chars: int = FISH_CHUNK_LENGTH  # hard cap on a segment (Fish chunk_length)
     min_chars: int = FISH_MIN_CHUNK_LENGTH  # later segments: shortest cut at a sentence end (Fish min_chunk_length)
@@ -234,17 +245,17 @@ class Segmenter:
                 break
             self._judged += 1
             piece = self._buf[start : bound.end]
-            if len(piece.strip()) >= self._min_chars(bound.kind) and is_speakable(piece):
+            if spoken_length(piece.strip()) >= self._min_chars(bound.kind) and is_speakable(piece):
                 return self._emit(bound.cut, Reason(bound.kind.value))
         if self._last_visible > limit:
             return self._emit(self._max_length_cut(first_visible, limit), Reason.MAX_LENGTH)
         return None
 
     def _limit(self) -> tuple[int, int]:
-        """Index of the first visible unspoken char, and the index max_chars visible chars after it."""
+        """Index of the first visible unspoken char, and the index `max_chars` of spoken length after it."""
         match = _NON_SPACE.search(self._buf, self._start)
         first_visible = len(self._buf) if match is None else match.start()
-        return first_visible, first_visible + self.config.max_chars
+        return first_visible, spoken_prefix(self._buf, first_visible, self.config.max_chars)
 
     def _min_chars(self, kind: BoundaryKind) -> int:
         if kind is BoundaryKind.SENTENCE:
@@ -259,7 +270,7 @@ class Segmenter:
             if bound.end <= limit and is_speakable(self._buf[start : bound.end]):
                 best = bound
         if best is not None:
-            share = len(self._buf[start : best.end].strip()) / self.config.max_chars
+            share = spoken_length(self._buf[start : best.end].strip()) / self.config.max_chars
             if share >= MIN_BOUNDARY_SHARE_OF_MAX:
                 return best.cut
         cut = space_cut(self._buf, first_visible, limit)

@@ -34,8 +34,10 @@ FEED_CHARS = 4000
 def segment_text(text: str, config: SegmenterConfig) -> list[str]:
     """The segments the live endpoint speaks for `text` sent at once and then `stop` (empty ones dropped).
 
-    Fed in slices below the segmenter's buffer limit; segments do not depend on how text is sliced (tested).
+    Fed in slices below the segmenter's buffer limit; segments do not depend on how text is sliced (tested). Leading
+    and trailing whitespace is dropped first (no segment speaks it; held, a long run would fill the buffer).
     """
+    text = text.strip()
     segmenter = Segmenter(config)
     segments = []
     for start in range(0, len(text), FEED_CHARS):

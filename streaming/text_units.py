@@ -22,6 +22,11 @@ OPENER_CHARS = "\"'“‘«([{「『（【《〈*"  # stripped from a word befor
 # ("... talk to the Dr. Then ..."), and "etc."/"No." end sentences too often to list. Dotted forms ("e.g.", "i.e.",
 # "U.S.", "a.m.") and single capital initials ("J. R. R. Tolkien", but not "I") are matched by pattern instead.
 ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "cf", "approx"})
+# Spoken weight of a character, in Latin letters: a Han ideograph or a Hangul syllable is a syllable of speech (about
+# three letters of English, and three UTF-8 bytes, which is what upstream's chunk_length counts); a kana is a mora
+# (about two). Every other character counts one. Segment sizes are measured in this unit (`spoken_length`).
+HAN_HANGUL_WEIGHT = 3
+KANA_WEIGHT = 2
 # How far back a decision may look (abbreviation words, punctuation runs); callers keep more than this as context.
 LOOKBACK_CHARS = 24
 
@@ -43,6 +48,11 @@ _CJK_RANGES = (
 )
 
 
+_HAN_HANGUL_RANGES = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xAC00, 0xD7AF), (0xF900, 0xFAFF), (0x20000, 0x2FFFF))
+_KANA_RANGES = ((0x3040, 0x30FF), (0x31F0, 0x31FF), (0xFF66, 0xFF9D))
+_WEIGHTED = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _HAN_HANGUL_RANGES + _KANA_RANGES) + "]")
+
+
 class BoundaryKind(enum.Enum):
     SENTENCE = "sentence"  # sentence punctuation, or a paragraph break (a blank line)
     CLAUSE = "clause"  # clause punctuation, or a single line break
@@ -60,6 +70,36 @@ class Boundary:
 def is_speakable(text: str) -> bool:
     """True when `text` holds a letter or digit (any script); whitespace, punctuation and emoji alone are not."""
     return _SPEAKABLE.search(text) is not None
+
+
+def spoken_weight(char: str) -> int:
+    """How many Latin letters of speech one character carries (HAN_HANGUL_WEIGHT, KANA_WEIGHT, else 1)."""
+    code = ord(char)
+    if any(lo <= code <= hi for lo, hi in _HAN_HANGUL_RANGES):
+        return HAN_HANGUL_WEIGHT
+    if any(lo <= code <= hi for lo, hi in _KANA_RANGES):
+        return KANA_WEIGHT
+    return 1
+
+
+def spoken_length(text: str) -> int:
+    """Length of `text` in Latin-letter equivalents: `len(text)` for text without Han, kana or Hangul."""
+    if _WEIGHTED.search(text) is None:
+        return len(text)
+    return sum(spoken_weight(c) for c in text)
+
+
+def spoken_prefix(text: str, start: int, budget: int) -> int:
+    """The largest `end` such that `spoken_length(text[start:end]) <= budget` (`end` may be len(text))."""
+    end = min(len(text), start + budget)
+    if _WEIGHTED.search(text, start, end) is None:
+        return end
+    used = 0
+    for i in range(start, len(text)):
+        used += spoken_weight(text[i])
+        if used > budget:
+            return i
+    return len(text)
 
 
 def scan_boundaries(text: str, pos: int, *, final: bool) -> tuple[list[Boundary], int]:

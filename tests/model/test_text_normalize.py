@@ -13,6 +13,7 @@ from model.text_normalize import (
     spell_ordinal,
     spell_time,
     spell_year,
+    unreadable_chars,
     words_for_scoring,
 )
 
@@ -148,3 +149,26 @@ def test_words_for_scoring_reduces_both_sides_alike() -> None:
     transcript = "mister smith has 21 dogs in the US"
     assert words_for_scoring(reference) == words_for_scoring(transcript)
     assert words_for_scoring(reference) == ["mister", "smith", "has", "twenty", "one", "dogs", "in", "the", "us"]
+
+
+@pytest.mark.parametrize(
+    ("text", "dropped"),
+    [
+        ("Café crème brûlée, naïve Zoë at 5 pm & 50% off ½ ① x² 😀", ""),  # accents, numbers, symbols: all read
+        ("Please call 王小明 tomorrow.", "王小明"),
+        ("Привет, мир!", "Приветмир"),
+        ("こんにちは、世界。", "こんにちは世界"),
+        ("안녕하세요", "안녕하세요"),
+        ("مرحبا ٣", "مرحبا"),  # an Arabic-Indic digit is a decimal digit: spelled out
+        ("Łódź", "Ł"),  # a Latin letter NFKD cannot reduce to ASCII
+        ("二〇二四", "二〇二四"),
+    ],
+)
+def test_unreadable_chars_are_exactly_the_letters_normalize_drops(text: str, dropped: str) -> None:
+    assert unreadable_chars(text) == dropped
+    kept = re.sub(r"[^A-Za-z]", "", normalize_text(text.replace(dropped, "") if dropped else text))
+    assert re.sub(r"[^A-Za-z]", "", normalize_text(text)) == kept  # what is listed adds nothing to the output
+
+
+def test_format_characters_and_full_width_forms() -> None:
+    assert normalize_text("the\u200bre ｈｅｌｌｏ\u00ad world") == normalize_text("there hello world")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import pytest
 
@@ -19,7 +20,14 @@ from streaming.segmenter import (
     SegmenterOverflow,
     TextSegment,
 )
-from streaming.text_units import CLOSER_CHARS, END_CHARS, is_grapheme_break, is_speakable
+from streaming.text_units import (
+    CLOSER_CHARS,
+    END_CHARS,
+    HAN_HANGUL_WEIGHT,
+    is_grapheme_break,
+    is_speakable,
+    spoken_length,
+)
 
 S, C, M, FL, IDLE, FIN = Reason.SENTENCE, Reason.CLAUSE, Reason.MAX_LENGTH, Reason.FLUSH, Reason.IDLE, Reason.FINISH
 CFG = SegmenterConfig(max_chars=60, min_chars=20, clause_min_chars=30, first_min_chars=8, idle_timeout_s=0.5)
@@ -79,14 +87,15 @@ def test_tokens_split_mid_word_and_with_leading_spaces():
 
 
 def test_cjk_full_width_punctuation():
-    config = SegmenterConfig(max_chars=60, min_chars=5, clause_min_chars=8, first_min_chars=4)
+    config = SegmenterConfig(max_chars=60, min_chars=5, clause_min_chars=20, first_min_chars=4)
     assert run(list("你好。今天天气很好，我们去公园吧！好的。"), config) == [
         (3, "你好。", S),  # cut once "今" shows that no closing quote follows
-        (17, "今天天气很好，我们去公园吧！", S),  # the clause "今天天气很好，" (7) is under clause_min_chars (8)
+        (17, "今天天气很好，我们去公园吧！", S),  # the clause "今天天气很好，" (6 × 3 + 1 = 19) is under 20
         ("fin", "好的。", FIN),
     ]
     assert run(["他说：「走吧。」然后走了。English too."], config) == [
-        (0, "他说：「走吧。」", S),  # the closing quote stays with its sentence
+        (0, "他说：", C),  # 2 × 3 + 1 = 7 spoken letters: a first clause of first_min_chars (4)
+        (0, "「走吧。」", S),  # the closing quote stays with its sentence
         (0, "然后走了。", S),  # full-width punctuation needs no space after it
         ("fin", "English too.", FIN),
     ]
@@ -149,7 +158,8 @@ def test_max_length_splits_at_a_space_then_cjk_then_graphemes():
         "eight",
     ]
     ten = SegmenterConfig(max_chars=10, min_chars=5, clause_min_chars=8, first_min_chars=4)
-    assert run(["一二三四五六七八九十一二三四五六七八九十一二三"], ten) == [
+    thirty = SegmenterConfig(max_chars=30, min_chars=5, clause_min_chars=8, first_min_chars=4)
+    assert run(["一二三四五六七八九十一二三四五六七八九十一二三"], thirty) == [  # a Han character counts 3
         (0, "一二三四五六七八九十", M),
         (0, "一二三四五六七八九十", M),
         ("fin", "一二三", FIN),
@@ -302,3 +312,58 @@ def test_random_streams_with_flush_and_idle_polls_rejoin():
                 assert deadline_s is None or seg.deadline_s() is None or seg.deadline_s() == deadline_s
         segments += seg.finish()
         check_segments(text, segments, config)
+
+
+def llm_tokens(text: str) -> list[str]:
+    """Text as an LLM streams it: CJK one or two characters a token, Latin words with their leading space."""
+    tokens: list[str] = []
+    for piece in re.findall(r" ?[A-Za-z]+|[^\x00-\x7f]{1,2}|.", text):
+        tokens.append(piece)
+    assert "".join(tokens) == text
+    return tokens
+
+
+def first_segment(text: str, config: SegmenterConfig) -> tuple[int, str, Reason]:
+    """(characters fed before the token that let the first segment out, its text, why)."""
+    seg, fed = Segmenter(config), 0
+    for token in llm_tokens(text):
+        out = seg.feed(token, 0.0)
+        if out:
+            return fed, out[0].text, out[0].reason
+        fed += len(token)
+    raise AssertionError("no segment before the end of the stream")
+
+
+EN = "Today we will talk about how artificial intelligence has grown, above all in language models, over ten years."
+ZH = "今天我们来聊一聊人工智能的发展，尤其是语言模型在过去十年里取得的巨大进步，以及它对日常生活的影响。"
+JA = "本日は人工知能の最新の研究について、わかりやすくご説明いたしますので、最後までお付き合いください。"
+KO = "오늘은 인공지능의 발전에 대해 이야기하겠습니다, 특히 언어 모델의 발전이 놀랍습니다."
+
+
+@pytest.mark.parametrize("latency", ["low", "balanced", "normal"])
+def test_cjk_streams_start_speaking_at_the_first_clause_as_english_does(latency):
+    """A Han character or Hangul syllable counts 3 spoken letters, a kana 2: Chinese, Japanese and Korean reach the
+    first clause's minimum as soon as English of the same spoken length does (counted in characters, the 16-character
+    Chinese clause was under `balanced`'s 20 and waited for the second clause)."""
+    config = SegmenterConfig.from_fish(latency=latency)
+    for text, clause in [
+        (EN, "Today we will talk about how artificial intelligence has grown, "),
+        (ZH, "今天我们来聊一聊人工智能的发展，"),
+        (JA, "本日は人工知能の最新の研究について、"),
+        (KO, "오늘은 인공지능의 발전에 대해 이야기하겠습니다, "),
+    ]:
+        fed, segment, reason = first_segment(text, config)
+        assert (segment, reason) == (clause, C), (latency, text)
+        assert fed <= len(clause)  # out with the token that brings the next visible character
+        assert spoken_length(clause.strip()) >= config.first_min_chars
+
+
+def test_a_cjk_run_without_punctuation_is_cut_after_a_bounded_spoken_length():
+    config = SegmenterConfig.from_fish()  # chunk_length 200
+    run_zh = "我们今天讨论人工智能" * 12  # 120 characters, no punctuation: 360 spoken letters
+    fed, segment, reason = first_segment(run_zh + "。", config)
+    assert reason is M and segment == run_zh[: config.max_chars // HAN_HANGUL_WEIGHT]  # 66 characters, not 200
+    assert fed <= len(segment) + 1
+    english_fed, english, _ = first_segment("word " * 60, config)
+    assert spoken_length(segment) <= config.max_chars and len(english.strip()) <= config.max_chars
+    assert fed < english_fed  # a third of the characters: the same spoken length
