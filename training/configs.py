@@ -240,7 +240,7 @@ def measure_engine(dual_ar: dict[str, Any], codec: dict[str, Any], folder: Path,
 
     from .checkpoints import export_model_folder
     from .codec_model import TrainableCodec
-    from .dual_ar_train import init_dual_ar
+    from .dual_ar_init import init_dual_ar
 
     torch.manual_seed(0)
     model = DualARTransformer(DualARConfig.from_dict(dual_ar), semantic_begin_id=268)

@@ -44,6 +44,7 @@ from .dual_ar_data import (
     collate,
     make_batches,
 )
+from .dual_ar_init import init_dual_ar
 from .frame_dropout import FrameDropout
 from .guided_attention import GuideConfig, HeadScores, guide_tensors, guided_loss
 from .run_log import jsonl_log
@@ -86,19 +87,6 @@ class DualARTrainResult:
     step: int
     history: list[dict[str, float]] = field(default_factory=list)
     best_val: float = math.inf
-
-
-def init_dual_ar(model: DualARTransformer, std: float) -> None:
-    """Normal(0, std) weights, residual output projections scaled by 1/√(2·layers), norms 1, biases 0."""
-    depth = model.config.n_layer + model.config.n_fast_layer
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0 if "norm" in name else 0.0)
-            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
-                p.normal_(0.0, std / math.sqrt(2 * depth))
-            else:
-                p.normal_(0.0, std)
 
 
 def add_residual_dropout(model: DualARTransformer, p: float) -> list[torch.utils.hooks.RemovableHandle]:

@@ -104,6 +104,23 @@ def test_gc_pauses_are_measured_and_long_ones_logged(monkeypatch, caplog) -> Non
     assert watch.stats()["gc_collections"] == stats["gc_collections"]  # uninstalled: no longer counting
 
 
+def test_the_collection_a_freeze_asks_for_is_counted_but_no_warning(monkeypatch, caplog) -> None:
+    """Start-up's (and idle time's) collect-then-freeze is ours and one-off: nothing is wrong, so no console warning
+    (issue 38: `fishgate synth` printed it on every run); it still counts in the stats (/metrics)."""
+    monkeypatch.setattr(gc_pauses, "LONG_PAUSE_S", 0.0)  # every collection is "long" here
+    watch = GcPauses()
+    watch.install()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="streaming.gc_pauses"):
+            freeze_startup_objects()
+    finally:
+        watch.uninstall()
+        gc.unfreeze()
+    assert watch.stats()["gc_collections"] >= 1 and watch.stats()["gc_long_pauses"] >= 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("before a freeze" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+
+
 def test_freezing_exempts_start_up_objects_from_collections() -> None:
     frozen = freeze_startup_objects()
     try:

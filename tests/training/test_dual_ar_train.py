@@ -24,11 +24,11 @@ from training.dual_ar_data import (
     collate,
     make_batches,
 )
+from training.dual_ar_init import init_dual_ar
 from training.dual_ar_train import (
     DualARTrainConfig,
     dual_ar_loss,
     evaluate,
-    init_dual_ar,
     mismatched_examples,
     sample_codes,
     train_dual_ar,

@@ -11,7 +11,8 @@ from model.dual_ar import DualARTransformer
 from training.checkpoints import byte_tokenizer
 from training.configs import DUAL_AR_TINY
 from training.dual_ar_data import SequenceBuilder
-from training.dual_ar_train import DualARTrainConfig, init_dual_ar, train_dual_ar
+from training.dual_ar_init import init_dual_ar
+from training.dual_ar_train import DualARTrainConfig, train_dual_ar
 from training.frame_dropout import FrameDropout
 
 from .helpers import memorised_pack, one_thread  # noqa: F401
