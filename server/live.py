@@ -60,6 +60,14 @@ CANCEL_RETRY_S = 0.05  # an abandoned turn's sender is cancelled again if it has
 MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is 125 bytes, 2 of them the code
 
 
+async def _cancel_until_done(task: asyncio.Task) -> None:
+    """Cancel `task` and wait for it to end, cancelling again if a library swallowed the cancel (Python 3.11's
+    wait_for does when the awaited call completes at the same moment)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_RETRY_S)
+
+
 class LiveState(enum.Enum):
     AWAIT_START = "await_start"
     STREAMING = "streaming"
@@ -122,9 +130,7 @@ class LiveConnection:
         finally:
             sender = self._sender
             if sender is not None:
-                while not sender.done():  # a cancel can be swallowed by a library: ask until it ends
-                    sender.cancel()
-                    await asyncio.wait({sender}, timeout=CANCEL_RETRY_S)
+                await _cancel_until_done(sender)
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await sender  # also takes what it ended with, so nothing is logged as never retrieved
             self._end_turn()
@@ -304,9 +310,8 @@ class LiveConnection:
         """End the open turn without another `finish`: the client has had its finish(error)."""
         sender = self._sender
         self._end_turn()
-        while sender is not None and not sender.done():  # a cancel can be swallowed by a library: ask until it ends
-            sender.cancel()
-            await asyncio.wait({sender}, timeout=CANCEL_RETRY_S)
+        if sender is not None:
+            await _cancel_until_done(sender)
         self._reap_sender()
 
     async def _await_last_turn(self) -> None:
