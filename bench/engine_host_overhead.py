@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streaming.backend import BackendConfig
+from streaming.config import BackendConfig, WorkerLimits
 from streaming.engine import Engine, EngineConfig
 from streaming.session import AudioChunk, SynthesisSettings, UtteranceDone, Voice
-from streaming.worker import Worker, WorkerLimits
+from streaming.worker import Worker
 from tests.streaming.engine_helpers import fixture_checkpoint
 
 TEXT = "This sentence keeps the engine busy while we count what every turn costs on the host. " * 4

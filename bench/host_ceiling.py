@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.turn_attribution import attribution, counters_from_text  # noqa: E402
 from model.stepper import decode_batch_buckets  # noqa: E402
-from streaming.backend import Backend, BackendConfig  # noqa: E402
-from streaming.worker import WorkerLimits  # noqa: E402
+from streaming.backend import Backend  # noqa: E402
+from streaming.config import BackendConfig, WorkerLimits  # noqa: E402
 
 # H200 graph times, bf16, full-size Fish 1.5 (docs/BENCHMARKS.md): decode step by batch bucket (run 3) ...
 DECODE_MS = {1: 6.44, 8: 7.15, 64: 8.78, 256: 15.61, 1024: 44.22}

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from bench.fullsize import environment, write_json
-from streaming.backend import BackendConfig
+from streaming.config import BackendConfig
 from streaming.engine import Engine, EngineConfig
 from streaming.session import Cancelled, SegmentDone, Session, SessionError, SynthesisSettings, UtteranceDone, Voice
 

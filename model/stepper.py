@@ -232,6 +232,10 @@ class DecodeStepper:
     def set_noise_step(self, row: int, step: int) -> None:
         self.noise_step[row] = step
 
+    def set_position(self, row: int, position: int) -> None:
+        """Where the row's next token is written: idle decode writes land there, past its valid positions."""
+        self.pos[row] = position
+
     @torch.inference_mode()
     def prefill(self, row: int, tokens: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write tokens (1+nc, T) into `row` from `start_pos`; returns the last position's (logits, fast hidden)."""

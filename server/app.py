@@ -28,9 +28,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from streaming.backend import BackendConfig
+from streaming.config import BackendConfig, WorkerLimits
 from streaming.engine import Engine, EngineConfig, EngineState
-from streaming.worker import WorkerLimits
 
 from . import http_api
 from . import live_protocol as proto

@@ -313,7 +313,7 @@ async def _synthesize(
     """Start an engine, speak the text through streaming.synth, encode as the live endpoint's pcm output does.
     The request is parsed once the model is known: sampling values not given come from its defaults."""
     from streaming.audio_out import AudioOutput
-    from streaming.backend import BackendConfig
+    from streaming.config import BackendConfig
     from streaming.engine import MAX_QUEUED_CHARS, Engine, EngineConfig
     from streaming.session import Voice
     from streaming.synth import reference_voice, synthesize

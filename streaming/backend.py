@@ -36,6 +36,7 @@ from model.vocoder_graphs import GraphedVocoder
 from model.vocoder_stream import StreamingDecoder
 
 from .chunking import all_chunk_sizes, call_groups
+from .config import COMPILE_MAX_BATCH_AUTO, BackendConfig
 from .device_times import DeviceTimes
 from .gc_pauses import freeze_new_objects, freeze_startup_objects
 from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
@@ -44,7 +45,7 @@ from .text_support import check_readable
 log = logging.getLogger(__name__)
 
 # Re-exported for the rest of streaming/, so that this module stays its only door into model/.
-__all__ = ["Backend", "BackendConfig", "ModelInfo", "RowSampling", "default_checkpoint", "history_is_append"]
+__all__ = ["Backend", "ModelInfo", "RowSampling", "default_checkpoint", "history_is_append"]
 
 # Optional metadata file in a checkpoint folder (fishgate's own; official folders don't have it).
 METADATA_FILE = "fishgate.json"
@@ -55,9 +56,6 @@ STAGING_BYTES = 4 << 20
 HISTORY_MAX_LENGTH = 4096
 # Attention-length buckets on GPU (positions); the full cache length is always added.
 GPU_LENGTH_BUCKETS = (512, 1024, 2048, 4096)
-# Batch buckets whose decode step is compiled by default on a GPU (the latency-bound ones; each bucket costs ~3 s
-# of compile at start-up per attention length, run 12)
-COMPILE_MAX_BATCH_AUTO = 8
 # Largest vocoder batch per call: throughput saturates by 64 x 24 frames (ANCHORS: 1,033x at 64 vs 1,070x at 256)
 # while activation memory keeps growing (a 512-row graph ran an H200 out of memory).
 VOCODER_MAX_BATCH = 64
@@ -73,110 +71,6 @@ PREFILL_SCRATCH_POSITIONS = 16_384
 def default_checkpoint() -> Path:
     """The embedded default model shipped inside the package (model/default_model)."""
     return Path(str(resources.files("model") / "default_model"))
-
-
-@dataclass(frozen=True, slots=True)
-class BackendConfig:
-    checkpoint: Path | None = None  # None = the embedded default model
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    max_sessions: int = 8
-    max_seq_len: int | None = None  # lower the context to save memory (default: the model's)
-    batch_invariant: bool | None = None  # None = on for CPU (bitwise reproducible under load), off on GPU
-    cuda_graphs: bool = True
-    # decode and first-frame graphs captured before the engine reports ready: all (None), or only batch buckets ≤
-    # this; the rest are captured by the worker when it is idle (one graph at a time), or on first use
-    graphs_up_front: int | None = None
-    # first frames of segments sampled through static buffers padded to a batch bucket (padding rows use the swap
-    # spare row), on a GPU one CUDA graph per bucket; bitwise the plain path's frames (tests/streaming/test_engine.py,
-    # tests/model/test_gpu.py); run 8 on the H200: steady 128 streams p95 first audio 830 → 300 ms
-    graph_first_frames: bool = True
-    # prefill chunks run through one CUDA graph per (rows, chunk, attention length) bucket, captured on first use
-    # or in idle time (padding rows use the swap spare row); prompts that fit no bucket run eagerly. GPU test passes.
-    # None = on for a GPU with CUDA graphs unless batch-invariant, off on CPU (there the padded passes only cost):
-    # run 11, on and off in one hold, level-1 first audio p50 35 against 45-88 ms, a first burst of 64 2.6 against
-    # 4.6 s, a warmed one 487 against 511 ms (docs/BENCHMARKS.md)
-    graph_prefill: bool | None = None
-    # prompts per static prefill pass: row buckets 1, 2, 4, … up to this. H200 run 19 (bench.prefill_passes): 8
-    # prompts of 64 tokens in 4.66 ms against 4 in 3.86 ms, a prompt 0.96 → 0.58 ms; the end-to-end effect of 8 is
-    # not measured yet: 4. Passes of more rows gather more KV into scratch (PREFILL_SCRATCH_POSITIONS still splits).
-    prefill_max_rows: int = 4
-    # prefill graphs of up to this many prompts per pass captured before ready (0: none; every other one in idle
-    # time or on first use). The one-row buckets are 3 chunks x 4 context lengths: H200 run 30, 1.4-3.1 s of start-up;
-    # without them 2 of the first 8 requests after ready met a capture in their turn (255 and 370 ms), with them none
-    prefill_graphs_up_front: int = 1
-    # torch.compile the decode step's regions (model.compiled_regions) for batch buckets up to this size; 0 = off,
-    # None = auto: COMPILE_MAX_BATCH_AUTO on a GPU with CUDA graphs, off on CPU (no graph hides the compiled calls'
-    # guard checks there: the default voice's step went 26 → 38 ms). Run 12 (H200, full-size model): batch-1 step
-    # 6.5 → 3.8 ms, first audio p50 36 → 25 ms; start-up 22 s → 100 s on an empty compile cache, 40 s on a warm one.
-    # Inductor's caches live in compile_cache_dir (None: TORCHINDUCTOR_CACHE_DIR, else torch's default under /tmp),
-    # so a restart skips code generation.
-    compile_max_batch: int | None = 0
-    # the one-row bucket's compiled regions with inductor's coordinate-descent tuning (model.compiled_regions
-    # TUNED_OPTIONS: its GEMVs become fused Triton reductions). Run 14, H200: batch-1 step 3.28 → 2.64 ms, its
-    # compile 16 → 66 s on an empty cache (per attention-length bucket used at batch 1), cached after
-    tune_single_row: bool = True
-    # capture every compiled bucket uncompiled first (plain PyTorch in the graph, no dynamo: start-up waits for no
-    # compilation), then replace each by its compiled capture one at a time in idle time after ready
-    # (DecodeStepper defer_compile; counted in graphs_missing until done). H200 run 30: ready in 10 s instead of
-    # 31-37 s on warm caches; the upgrades took 33-37 s of idle time, and a request arriving during one waited 3.7 s.
-    compile_after_ready: bool = False
-    # the slow stack's decode attention through model.decode_attention's length-aware kernel (CUDA and Triton only;
-    # not batch-invariant engines); the step then has one attention length (the cache's), so a quarter of the decode
-    # graphs, while prefill keeps GPU_LENGTH_BUCKETS. None = on for CUDA-graph engines where the kernel runs, unless
-    # batch-invariant (H200 run 19: step at 384 rows 12.1 -> 9.3 ms, 256 rows 9.0 -> 7.3; docs/BENCHMARKS.md)
-    length_attention: bool | None = None
-    # the one-row decode step's products (with the norms, RoPE, KV-cache writes, SwiGLU and residual adds fused in)
-    # and the codebook head by model.gemv's Triton kernels instead of inductor's reductions (compiled one-row regions
-    # on CUDA only; not batch-invariant engines). None = on where the kernels run and pass their self-check (H200
-    # run 26: batch-1 step 2.155 → 1.722 ms in the same call, 1.574 ms with the cache writes fused; docs/BENCHMARKS.md)
-    gemv_kernels: bool | None = None
-    # launch configs for them from bench/gemv_sweep.py's JSON (gemv.load_configs), over the built-in H200 ones
-    gemv_configs: Path | None = None
-    # model.gemv's and model.decode_attention's kernels by programmatic dependent launch where the GPU has it (compute
-    # capability 9.0+; model.launch_overlap): their weight reads overlap the kernel before (H200 run 27: batch-1 step
-    # 1.641 → 1.446 ms in the same call, bitwise the same results). False: plain launches
-    programmatic_launch: bool = True
-    # compiled buckets above this many rows share one compilation per attention length with a symbolic batch size,
-    # instead of one per (bucket, length): 28 static compiles at --compile-max-batch 512 (~16 s each cold on the
-    # H200, run 12) become 4. Their kernels may be slower than static ones (the vocoder's were: run 13); not measured
-    # for the decode step yet. ≥ compile_max_batch: every bucket static
-    compile_symbolic_batch_above: int = 8
-    # torch.compile the streaming vocoder's chunk decode before each (batch, frames) CUDA graph is captured (GPU with
-    # CUDA graphs only; the CPU decodes eagerly). Off: run 13 on the H200, batch and frames symbolic (the only way
-    # the engine's 42 graph shapes share compilations), 1 × 8 frames 2.65 → 2.16 ms and 938 → 1,079× real time at
-    # 256 × 24, for ~70-80 s of cold compile per specialisation (1, 2-15, 16+ rows × 1, 2+ frames) before ready.
-    # Static shapes reached 1.88 ms and 1,575× but cost ~35 s a shape.
-    compile_vocoder: bool = False
-    # the streaming vocoder's activations, carried state and conv weights stored channels-last (time-major), the
-    # layout cuDNN's bf16 tensor-core convs read without transposes (GPU only). History: run 14, 64 × 24 frames 80 →
-    # 272 ms (two dilated convs got a 92 ms cuDNN kernel from its heuristic); run 15 with cuDNN autotuning 87 ms; run
-    # 16 61 ms, of which 32 ms strided copies (conv1d's memory-format choice), since removed (codec_layers
-    # `_conv_time_major`). `vocoder_autotune`: cuDNN autotunes each conv shape while a graph is captured (seconds
-    # per vocoder graph) instead of taking its heuristic's kernel
-    vocoder_channels_last: bool = False
-    vocoder_autotune: bool = False
-    # vocoder graph batch buckets at 1.5× each power of two too (1, 2, 3, 4, 6, 8, 12, …, 64: 12 buckets instead of
-    # 7, so 72 graphs instead of 42, the extra ones captured in idle time): a call pads fewer rows. On the stand-in
-    # device (bench/host_ceiling.py, 256 steady streams) padding fell from 17.6 to 7.2 % of vocoded frames and the
-    # vocoder's time per turn by 8 %. Off: not yet measured on a GPU
-    vocoder_half_step_buckets: bool = False
-    # the vocoder decodes on its own CUDA stream beside the next turn's prefill and decode step, instead of after
-    # the step on the same stream (streaming.worker: a turn queues the chunks its previous step completed, then
-    # prefills and steps while they decode, and collects the audio before it waits for the step). H200 runs 20-21,
-    # warm servers at 300 streams: a turn 22.5-23.4 → 17.8-19.0 ms, p95 first audio 189-250 ms against 215-283 ms
-    # serial; at 384 streams ≤ 0.3 % of requests underran (run 19 serial: 0.5-8.2 %). None = auto: on for a
-    # CUDA-graph engine; on a CPU (no second stream) it would only move the vocoder's place in the turn (the
-    # equivalence tests run it there)
-    vocoder_overlap: bool | None = None
-    # a turn's vocoder chunks of different lengths share calls, the shorter ones padded (streaming.chunking
-    # `call_groups`), where that pads at most this many row-frames a merge. 0 = off (one call per chunk length).
-    # H200 run 21 at 32: fewer calls (2.7 → 1.9 a turn) but a slower vocoder phase (each merged call gathers every
-    # causal layer's state by row) and worse first audio in every A/B, so off
-    vocoder_merge_padding: int = 0
-    compile_cache_dir: Path | None = None
-    # torch intra-op threads on CPU. 1 is fastest for these small ops on small machines (measured: 2 threads made
-    # small convs up to 20x slower on a loaded 2-core VM, spinning against the server's other threads)
-    cpu_threads: int | None = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +323,9 @@ class Backend:
 
     def set_noise_step(self, row: int, step: int) -> None:
         self.stepper.set_noise_step(row, step)
+
+    def set_row_position(self, row: int, position: int) -> None:
+        self.stepper.set_position(row, position)
 
     def prefill_many(
         self, rows: Sequence[int], prompts: Sequence[torch.Tensor], start_positions: Sequence[int]

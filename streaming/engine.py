@@ -22,11 +22,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .admission_queue import AdmissionQueue
-from .backend import Backend, BackendConfig, ModelInfo
+from .backend import Backend, ModelInfo
+from .config import BackendConfig, WorkerLimits
 from .errors import AdmissionDeferred, NotReady, Overloaded
 from .gc_pauses import GcPauses, freeze_startup_objects
 from .session import Close, Session, Speak, SynthesisSettings, Voice
-from .worker import Worker, WorkerLimits, run_forever
+from .worker import Worker, run_forever
 
 log = logging.getLogger(__name__)
 DEVICE_PARTS = ("prefill", "step", "vocode")  # Backend.device_times spans on /metrics

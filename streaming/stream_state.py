@@ -1,7 +1,8 @@
 """What the worker remembers about one session (a "stream"): its prompt history, current segment and vocoder queue.
 
-Pure state and small pure helpers; touched only by the worker thread. The scheduler (`streaming/worker.py`) drives
-it. Token tensors are kept on the CPU; the KV row holds their positions [0, cache_len) on the device.
+Pure state and small pure helpers (no torch at run time); touched only by the worker thread. The worker drives
+it, the scheduler reads it. Token tensors are kept on the CPU; the KV row holds their positions [0, cache_len) on
+the device.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .chunking import ChunkSchedule
 from .session import Session
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Phase(Enum):
@@ -44,8 +47,8 @@ class PrefillJob:
 @dataclass
 class Segment:
     """A segment being generated. Its frames (1+nc codes each, incl. a final <|im_end|> frame) are written into one
-    array allocated at the first frame, so ending a segment slices instead of stacking hundreds of small arrays (H200
-    run 17: turns where dozens of segments ended spent 20–40 ms in frame handling and segment ends)."""
+    array allocated at the first frame, so ending a segment slices instead of stacking hundreds of small arrays (on
+    the H200, turns where dozens of segments ended spent 20–40 ms in frame handling and segment ends)."""
 
     utterance: int
     text: str
@@ -95,7 +98,7 @@ class Stream:
     prefix_cached: bool = False  # the row holds the prefix at [0, len(prefix))
     last_frame: np.ndarray | None = None  # generated but never fed (needed to append the next segment)
     segment: Segment | None = None
-    # the utterance of an ended segment whose last queued frames wait to be vocoded (Worker._flush_ended), else None
+    # the utterance of an ended segment whose last queued frames wait to be vocoded (Worker._flush_tails), else None
     tail_utterance: int | None = None
     prefill: PrefillJob | None = None
     prompt_end: int = 0  # position after the current segment's prompt

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from bench.host_ceiling import DECODE_MS, TimedStandIn, decode_ms, stand_in_capacity, vocoder_ms
-from streaming.backend import BackendConfig
+from streaming.config import BackendConfig
 from streaming.engine import Engine, EngineConfig
 from streaming.session import SynthesisSettings, Voice
 from tests.streaming.engine_helpers import speak

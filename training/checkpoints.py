@@ -243,7 +243,7 @@ def speak_once(folder: Path, text: str) -> SpokenCheck:
     import asyncio
     import time
 
-    from streaming.backend import BackendConfig
+    from streaming.config import BackendConfig
     from streaming.engine import Engine, EngineConfig
     from streaming.session import AudioChunk, SegmentDone, SynthesisSettings, UtteranceDone, Voice
 

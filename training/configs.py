@@ -234,7 +234,7 @@ def measure_engine(dual_ar: dict[str, Any], codec: dict[str, Any], folder: Path,
     """
     import asyncio
 
-    from streaming.backend import BackendConfig
+    from streaming.config import BackendConfig
     from streaming.engine import Engine, EngineConfig
     from streaming.synth import synthesize
 

@@ -373,7 +373,7 @@ def test_permute_rows_equals_the_swaps_it_composes() -> None:
     import random
     from types import SimpleNamespace
 
-    from streaming.worker import Worker
+    from streaming.executor import Executor
 
     model = make_model("gqa_fast_project")
     slow, fast = (DecodeStepper(model, n_rows=8, max_seq_len=64) for _ in range(2))
@@ -392,12 +392,12 @@ def test_permute_rows_equals_the_swaps_it_composes() -> None:
         slow.swap_rows(a, b, pos[a], pos[b], spare=7)
         pos[a], pos[b] = pos[b], pos[a]
 
-    # the worker's composition, on a stand-in with just what _flush_swaps reads
+    # the executor's composition, on a stand-in with just what flush_swaps reads
     def permute_rows(dst: list[int], src: list[int], length: int) -> None:  # as Backend.permute_rows, on CPU
         fast.permute_rows(torch.tensor(dst), torch.tensor(src), length)
 
     rows = SimpleNamespace(row_pos=pos, _pending_swaps=list(swaps), b=SimpleNamespace(permute_rows=permute_rows))
-    Worker._flush_swaps(rows)  # type: ignore[arg-type]
+    Executor.flush_swaps(rows)  # type: ignore[arg-type]
     for row in range(7):
         n = pos[row]
         assert torch.equal(fast.cache.k[:, row, :, :n], slow.cache.k[:, row, :, :n]), row

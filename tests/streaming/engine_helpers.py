@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from streaming.backend import Backend, BackendConfig
+from streaming.backend import Backend
+from streaming.config import BackendConfig, WorkerLimits
 from streaming.engine import Engine, EngineConfig
 from streaming.session import (
     AudioChunk,
@@ -28,7 +29,6 @@ from streaming.session import (
     UtteranceDone,
     Voice,
 )
-from streaming.worker import WorkerLimits
 from tests.model.fixture_sets import fixtures_root
 
 EVENT_TIMEOUT_S = 60.0

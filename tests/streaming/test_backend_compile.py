@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from model.layers import Attention, FeedForward
-from streaming.backend import Backend, BackendConfig
+from streaming.backend import Backend
+from streaming.config import BackendConfig
 
 
 def test_cpu_backend_fuses_feed_forward_and_compiles_nothing_by_default() -> None:

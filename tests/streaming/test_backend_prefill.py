@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import streaming.backend as backend_module
-from streaming.backend import Backend, BackendConfig
+from streaming.backend import Backend
+from streaming.config import BackendConfig
 
 
 def prompts(b: Backend) -> list[torch.Tensor]:
@@ -88,7 +89,7 @@ def test_prefill_max_rows_8_takes_six_prompts_in_one_pass() -> None:
 def test_the_workers_prefill_chunk_fits_the_largest_graph_chunk() -> None:
     """A chunk over the largest bucket would send every long prompt's passes to the eager prefill."""
     from model.prefill_graphs import PREFILL_CHUNK_BUCKETS
-    from streaming.worker import WorkerLimits
+    from streaming.config import WorkerLimits
 
     assert WorkerLimits().prefill_chunk_tokens == PREFILL_CHUNK_BUCKETS[-1]
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from streaming.backend import BackendConfig
 from streaming.chunking import SCHEDULES, Latency, refill_size
+from streaming.config import BackendConfig
 from streaming.engine import Engine
 from streaming.session import SegmentDone, SynthesisSettings, Voice
 from tests.streaming.engine_helpers import (
@@ -252,37 +252,32 @@ def test_the_client_buffer_estimate_carries_no_past_gap() -> None:
 @pytest.mark.parametrize("hold_for", ["all", "low"])
 def test_holds_for_low_latency_wait_only_for_streams_that_asked_for_latency_low(hold_for) -> None:
     """With --prefill-hold-for low, a nearly dry stream holds new prompts only if its session asked for latency low;
-    with all (the default), any does. Worker state set by hand on the real tiny backend (timing-free): one
-    decoding stream with 60 ms of audio buffered, under the 0.1 s limit."""
-    import queue
+    with all, any does. The scheduler alone (pure Python, timing-free): one decoding stream with 60 ms of audio
+    buffered, under the 0.1 s limit, and one prompt queued."""
+    import torch
 
-    from streaming.backend import Backend, BackendConfig
     from streaming.chunking import ChunkSchedule, Latency
+    from streaming.config import WorkerLimits
+    from streaming.scheduler import Scheduler
     from streaming.session import Session
-    from streaming.stream_state import Phase, Stream
-    from streaming.worker import Worker, WorkerLimits
+    from streaming.stream_state import Phase, PrefillJob, Stream
 
     limits = WorkerLimits(prefill_hold_below_s=0.1, prefill_hold_max_s=0.25, prefill_hold_for=hold_for)
-    worker = Worker(Backend(BackendConfig(checkpoint=RANDOM_TINY_MODEL, max_sessions=2)), queue.Queue(), limits)
+    rate = 44_100
     loop = asyncio.new_event_loop()
-    loop.close()  # the session's loop is never run here
-    rate = worker.rate_hz
+    loop.close()  # the sessions' loop is never run here
 
     def holds(latency: Latency, buffered_s: float = 0.06) -> bool:
-        worker.streams.clear()
+        scheduler = Scheduler(limits, frame_s=2048 / rate, rate_hz=rate, batch_invariant=True)
+        now = 100.0
         session = Session(Voice(), SynthesisSettings(latency=latency), lambda _: None, loop)
-        st = Stream(session, slot=0, seed=1, schedule=ChunkSchedule((4, 8)), prefix=None, phase=Phase.DECODE)
-        worker.streams[session.id] = st
-        worker.rows.open(session.id)
-        worker.rows.activate(session.id)
-        worker.prefill_queue.append(999)  # a prompt waiting (only its presence is read)
-        st.utterance_samples, st.utterance_started_s = int(buffered_s * rate), time.monotonic()
-        worker._prefill_held_since = None
-        try:
-            return worker._hold_prefill()
-        finally:
-            worker.prefill_queue.clear()
-            worker.rows.close(session.id)
+        decoding = Stream(session, slot=0, seed=1, schedule=ChunkSchedule((4, 8)), prefix=None, phase=Phase.DECODE)
+        decoding.utterance_samples, decoding.utterance_started_s = int(buffered_s * rate), now
+        waiting = Stream(session, slot=1, seed=2, schedule=ChunkSchedule((4, 8)), prefix=None, phase=Phase.PREFILL)
+        waiting.prefill = PrefillJob(torch.zeros((5, 40), dtype=torch.int32), 0)
+        plan = scheduler.plan_prefill([waiting], [decoding, waiting], active_rows=1, now=now)
+        assert plan.held is not bool(plan.batch)
+        return plan.held
 
     assert holds(Latency.LOW)
     assert holds(Latency.BALANCED) is (hold_for == "all")

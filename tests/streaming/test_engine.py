@@ -18,7 +18,8 @@ import torch
 
 from model.codec_checkpoint import load_codec
 from streaming import engine as engine_module
-from streaming.backend import Backend, BackendConfig, default_checkpoint
+from streaming.backend import Backend, default_checkpoint
+from streaming.config import BackendConfig
 from streaming.engine import Engine, EngineConfig
 from streaming.errors import NotReady, Overloaded, TextTooLong
 from streaming.session import (
@@ -605,7 +606,7 @@ def test_voice_prefix_is_prefilled_once_and_reused() -> None:
             await speak(engine.open_session(voice, SynthesisSettings(seed=5, max_new_tokens=10)), "Warm it up.")
             before = engine.stats()["prefill_tokens"]
             utt = await speak(engine.open_session(voice, settings), "Now the target text.")
-            return utt, engine.stats()["prefill_tokens"] - before, len(engine._worker.prefix_cache)
+            return utt, engine.stats()["prefill_tokens"] - before, len(engine._worker.executor.prefix_cache)
 
     solo, solo_tokens = asyncio.run(fresh())
     reused, reused_tokens, cached_voices = asyncio.run(cached())

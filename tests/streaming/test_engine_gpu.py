@@ -173,7 +173,7 @@ def test_length_attention_engine_decodes_at_one_length_and_streams() -> None:
 def test_batch_invariant_mode_on_gpu_solo_vs_loaded() -> None:
     """Issue: on the GPU, kernels chosen by batch size change rounding. In batch-invariant mode (row-wise matmuls,
     plain attention over one fixed length) a seeded stream should be identical alone and under load."""
-    from streaming.backend import BackendConfig
+    from streaming.config import BackendConfig
     from streaming.engine import Engine, EngineConfig
 
     async def run(load: int):
@@ -202,8 +202,8 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
     that captured everything before reporting ready, and a loaded run afterwards completes."""
     import time
 
-    from streaming.backend import BackendConfig
     from streaming.chunking import all_chunk_sizes
+    from streaming.config import BackendConfig
     from streaming.engine import Engine, EngineConfig
 
     async def run(up_front: int | None):
@@ -248,7 +248,7 @@ def test_idle_capture_waits_for_buckets_an_open_session_is_past() -> None:
     import time
 
     from model.stepper import capturable_buckets
-    from streaming.backend import BackendConfig
+    from streaming.config import BackendConfig
     from streaming.engine import Engine, EngineConfig
 
     long_text = " ".join(["This sentence keeps the open session's row well past five hundred positions."] * 10)

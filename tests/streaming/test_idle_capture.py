@@ -9,9 +9,9 @@ import asyncio
 import itertools
 import time
 
-from streaming.backend import Backend, BackendConfig
+from streaming.backend import Backend
+from streaming.config import BackendConfig, WorkerLimits
 from streaming.session import SynthesisSettings, Voice
-from streaming.worker import WorkerLimits
 from tests.streaming.engine_helpers import running_engine, speak
 
 AFTER_S = 1.5  # far above the gaps between back-to-back requests, even on a loaded machine

@@ -16,10 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from streaming.backend import BackendConfig
+from streaming.config import PACE_NEEDY_S, BackendConfig, WorkerLimits
 from streaming.engine import Engine
 from streaming.session import AudioChunk, SynthesisSettings, Voice
-from streaming.worker import PACE_NEEDY_S, WorkerLimits
 from tests.streaming.engine_helpers import (
     EVENT_TIMEOUT_S,
     RANDOM_TINY_MODEL,

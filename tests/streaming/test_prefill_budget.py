@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from streaming.config import WorkerLimits
 from streaming.engine import Engine
+from streaming.scheduler import prefill_token_budget
 from streaming.session import AudioChunk, SynthesisSettings, Voice
-from streaming.worker import WorkerLimits, prefill_token_budget
 from tests.streaming.engine_helpers import RANDOM_TINY_MODEL, NeverEnding, collect, running_engine, speak
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -1,4 +1,4 @@
-"""What the engine reports about its own pauses: slow turns (streaming.worker, counted and logged with where their
+"""What the engine reports about its own pauses: slow turns (streaming.turn_stats, counted and logged with where their
 time went) and garbage-collector pauses (streaming.gc_pauses, measured through gc.callbacks; start-up objects
 frozen)."""
 
@@ -11,16 +11,17 @@ import re
 
 import pytest
 
-from streaming import gc_pauses, worker
-from streaming.backend import Backend, BackendConfig
+from streaming import gc_pauses, turn_stats
+from streaming.backend import Backend
+from streaming.config import BackendConfig
 from streaming.gc_pauses import GcPauses, freeze_startup_objects
 from streaming.session import SynthesisSettings, Voice
 from tests.streaming.engine_helpers import running_engine, speak
 
 
 def test_slow_turns_are_counted_and_logged_with_their_phases(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(worker, "SLOW_TURN_FRAMES", 0.0)  # every turn counts as slow here
-    monkeypatch.setattr(worker, "SLOW_TURN_LOG_S", 3600.0)  # one report, then only counts
+    monkeypatch.setattr(turn_stats, "SLOW_TURN_FRAMES", 0.0)  # every turn counts as slow here
+    monkeypatch.setattr(turn_stats, "SLOW_TURN_LOG_S", 3600.0)  # one report, then only counts
 
     async def main() -> dict:
         with running_engine(max_sessions=2) as engine:
@@ -57,10 +58,10 @@ class CollectsInItsFirstStep(Backend):
 
 
 def test_a_slow_turn_report_says_what_garbage_collection_took_in_it(monkeypatch, caplog) -> None:
-    """A turn's GC pauses are reported beside its phases (H200 run 28: 93-478 ms vocode phases at 384 streams with no
+    """A turn's GC pauses are reported beside its phases (H200: 93-478 ms vocode phases at 384 streams with no
     capture, unexplained): here only the turn whose step collected reports a pause."""
-    monkeypatch.setattr(worker, "SLOW_TURN_FRAMES", 0.0)  # every turn counts as slow here
-    monkeypatch.setattr(worker, "SLOW_TURN_LOG_S", 0.0)  # and each is reported
+    monkeypatch.setattr(turn_stats, "SLOW_TURN_FRAMES", 0.0)  # every turn counts as slow here
+    monkeypatch.setattr(turn_stats, "SLOW_TURN_LOG_S", 0.0)  # and each is reported
 
     async def main() -> None:
         with running_engine(max_sessions=2, backend_factory=CollectsInItsFirstStep, warm_up=False) as engine:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from streaming.backend import Backend, BackendConfig
+from streaming.backend import Backend
 from streaming.chunking import call_groups
+from streaming.config import BackendConfig
 from tests.streaming.test_engine import offline_decode
 
 

@@ -14,7 +14,7 @@ import torch
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
 from model.codec_config import CodecConfig
-from streaming.backend import BackendConfig
+from streaming.config import BackendConfig
 from streaming.engine import Engine, EngineConfig
 from streaming.session import AudioChunk, SegmentDone, SynthesisSettings, UtteranceDone, Voice
 from training.audio_pack import read_manifest
