@@ -8,7 +8,7 @@ on first use or ahead of time with `capture` (the engine: one-row graphs at warm
 
 Each graph is timed when it is captured (a few replays). A call runs on whichever captured graph of its chunk size
 is cheapest: normally its own bucket, but where the conv library's heuristic picked a pathological kernel for a shape,
-a larger bucket (more padding rows) or several replays of a smaller one. H200 run 17, untuned channels-last layout:
+a larger bucket (more padding rows) or several replays of a smaller one. H200, untuned channels-last layout:
 24 × 24 frames 80.5 ms against 22.7 ms for 48 × 24; 64 × 8 73.3 ms against 5.5 ms for 32 × 8 (`cheapest_plan`).
 """
 
@@ -38,18 +38,12 @@ class GraphedVocoder:
         n_sessions: int,
         batch_buckets: list[int],
         compile_backend: str | None = None,
-        cudnn_benchmark: bool = False,
         reroute: bool = True,
-        chunk_merging: bool = False,
     ) -> None:
         """`compile_backend` ("inductor"; "eager" only checks tracing): each (bucket, frames) graph captures the
         chunk decode compiled by torch.compile (model.compiled_regions) instead of eager PyTorch.
-        `cudnn_benchmark`: cuDNN times its algorithms for each conv shape while a graph is captured (seconds per
-        graph) instead of trusting its heuristic, which gave two of the channels-last layout's dilated convs a 92 ms
-        kernel at 64 × 24 frames on an H200 (run 15: 274 → 87 ms a call). `reroute=False`: every call runs its own
-        bucket's graph (batch-invariant decoding must not change kernels with the load). `chunk_merging`: the graphs
-        take each row's valid frames too (`StreamingDecoder.decode(valid=)`), so chunks of several lengths share a
-        call; `decode` then needs `valid`."""
+        `reroute=False`: every call runs its own bucket's graph (batch-invariant decoding must not change kernels
+        with the load)."""
         if decoder.max_slots < n_sessions + max(batch_buckets) - 1:
             raise ValueError("the streaming decoder needs spare slots for padding rows (max_slots ≥ 2·n_sessions)")
         self.decoder = decoder
@@ -57,13 +51,9 @@ class GraphedVocoder:
         self.buckets = sorted(batch_buckets)
         self.rows = decoder.codec.config.quantizer.n_groups * decoder.codec.config.quantizer.n_codebooks
         self.compile_backend = compile_backend
-        self.cudnn_benchmark = cudnn_benchmark
         self.reroute = reroute
-        self.chunk_merging = chunk_merging
-        # (bucket, frames) → (graph, its static codes, slots, valid frames or None, audio)
-        self._graphs: dict[
-            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
-        ] = {}
+        # (bucket, frames) → (graph, its static codes, slots, audio)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
         # Warm-ups and captures run on a stream of their own. torch.cuda.graph's default capture stream is shared by
         # every graph of the process, and cuBLAS's workspace is chosen by the capturing stream and baked into the
@@ -92,28 +82,22 @@ class GraphedVocoder:
         codes = torch.zeros(bucket, self.rows, frames, dtype=torch.int64, device=device)
         spare = torch.arange(self.n_sessions, self.n_sessions + bucket, device=device)
         slots = spare.clone()
-        valid = torch.full((bucket,), frames, dtype=torch.long, device=device) if self.chunk_merging else None
         saved = self.decoder.state[spare].clone()
         stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
-        benchmark = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = benchmark or self.cudnn_benchmark
-        try:
-            with compiled(self.compile_backend):
-                with torch.cuda.stream(stream):
-                    for _ in range(2):  # warm-up; the first call also compiles, when compiling (and times convs)
-                        self.decoder.decode(codes, slots, valid)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                    out = self.decoder.decode(codes, slots, valid)
-        finally:
-            torch.backends.cudnn.benchmark = benchmark
+        with compiled(self.compile_backend):
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up; the first call also compiles, when compiling
+                    self.decoder.decode(codes, slots)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                out = self.decoder.decode(codes, slots)
         self.captures += 1
         # timed on the spare slots, whose state is restored next
         self.replay_ms[(bucket, frames)] = replay_ms(graph, TIMING_REPLAYS)
         self.decoder.state[spare] = saved
-        self._graphs[(bucket, frames)] = (graph, codes, slots, valid, out)
+        self._graphs[(bucket, frames)] = (graph, codes, slots, out)
 
     def plan(self, batch: int, frames: int) -> tuple[int, int]:
         """(bucket, replays) for a call of `batch` rows (see `cheapest_plan`); only captured graphs are candidates."""
@@ -131,13 +115,10 @@ class GraphedVocoder:
         return bucket, replays
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """codes (B, rows, F) and slots (B,) on the device → audio (B, F·spf), via the cheapest captured graph (its own
         bucket's, captured now if missing, unless `plan` finds a faster one). The audio may be a view of a graph's
-        static output, overwritten by the next call of the same shape: copy it to keep it. `valid` (B,): each row's
-        frames that count (`StreamingDecoder.decode`), given exactly when the graphs were built for `chunk_merging`."""
-        if (valid is not None) != self.chunk_merging:
-            raise ValueError("valid frames go with chunk_merging graphs, and only with them")
+        static output, overwritten by the next call of the same shape: copy it to keep it."""
         batch, _, frames = codes.shape
         own = self.bucket(batch)
         if (own, frames) not in self._graphs:
@@ -147,21 +128,19 @@ class GraphedVocoder:
         self.last_replay_ms = replays * self.replay_ms.get((bucket, frames), 0.0)
         self.rerouted_calls += bucket != own
         if replays == 1:
-            return self._replay(bucket, codes, slots, valid)
-        pieces = [(i, valid[i : i + bucket] if valid is not None else None) for i in range(0, batch, bucket)]
+            return self._replay(bucket, codes, slots)
         return torch.cat(
-            [self._replay(bucket, codes[i : i + bucket], slots[i : i + bucket], v).clone() for i, v in pieces]
+            [
+                self._replay(bucket, codes[i : i + bucket], slots[i : i + bucket]).clone()
+                for i in range(0, batch, bucket)
+            ]
         )
 
-    def _replay(
-        self, bucket: int, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None
-    ) -> torch.Tensor:
-        graph, codes_in, slots_in, valid_in, out = self._graphs[(bucket, codes.shape[-1])]
+    def _replay(self, bucket: int, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        graph, codes_in, slots_in, out = self._graphs[(bucket, codes.shape[-1])]
         batch = codes.shape[0]
         codes_in[:batch].copy_(codes)
         slots_in[:batch].copy_(slots)
-        if valid_in is not None and valid is not None:
-            valid_in[:batch].copy_(valid)  # padding rows: whatever is there (they run on spare slots)
         if bucket > batch:  # padding rows write to spare slots nobody owns
             slots_in[batch:].copy_(torch.arange(self.n_sessions, self.n_sessions + bucket - batch, device=slots.device))
         graph.replay()

@@ -19,8 +19,8 @@ from .compiled_regions import region
 from .vocoder import FireflyCodec
 
 # How a streaming chunk joins a silu-first conv's history with silu(x) (`_SlotContext.extend`):
-#   "cat"    silu, then cat: two passes over the activation (the cats were 19 of 80 ms at 64 × 24 frames, run 13);
-#   "out"    silu written into the joined buffer (`silu.out`): one pass, but ATen's generic strided kernel (run 15);
+#   "cat"    silu, then cat: two passes over the activation (the cats were 19 of 80 ms at 64 × 24 frames, H200);
+#   "out"    silu written into the joined buffer (`silu.out`): one pass, but ATen's generic strided kernel;
 #   "triton" model.vocoder_kernels.join_silu: one pass at full width, any strides;
 #   "auto"   triton on CUDA where Triton runs (vocoder_kernels.supported), else out; cat on CPU, where a strided
 #            `out=` takes ATen's scalar silu (it rounds differently from the vectorised one, ~3e-8) and a 24-frame
@@ -45,17 +45,11 @@ class _SlotContext:
         layout: dict[int, tuple[int, int, int]],
         prev: torch.Tensor,
         channels_last: bool,
-        valid: torch.Tensor | None = None,
-        frames: int = 0,
     ) -> None:
         self._layout = layout
         self._prev = prev  # (B, state_numel)
         self._channels_last = channels_last  # each layer's history stored (W, C) instead of (C, W)
         self._new: dict[int, torch.Tensor] = {}
-        # (B,) frames of each row that count, of the call's `frames` (the rest pads the row to the call's length): a
-        # row's next state is its history up to its own last valid frame. None: every frame counts.
-        self._valid = valid
-        self._frames = frames
 
     def extend(
         self, layer: nn.Module, x: torch.Tensor, silu: bool = False, bias: torch.Tensor | None = None
@@ -78,17 +72,8 @@ class _SlotContext:
             torch.ops.aten.silu.out(x, out=xin[..., width:])
         else:
             xin = cat_time(prev, F.silu(x) if silu else x)  # (B, C, W + T), in x's layout
-        self._new[id(layer)] = xin[..., -width:] if self._valid is None else self._history_at_valid_end(xin, x, width)
+        self._new[id(layer)] = xin[..., -width:]
         return xin
-
-    def _history_at_valid_end(self, xin: torch.Tensor, x: torch.Tensor, width: int) -> torch.Tensor:
-        """Each row's last `width` inputs before its first padding frame: in `xin` (history, then x) they start at
-        valid·(steps per frame), which is `-width` for a row whose frames all count. Causal layers never let a
-        later (padding) input reach an earlier output, so the valid outputs and this state are the unpadded call's."""
-        per_frame = x.shape[-1] // self._frames
-        assert self._valid is not None
-        idx = (self._valid * per_frame)[:, None] + torch.arange(width, device=xin.device)  # (B, width)
-        return xin.gather(-1, idx[:, None, :].expand(-1, xin.shape[1], -1))
 
     def new_state(self) -> torch.Tensor:
         """The next state rows (B, state_numel), in layout order."""
@@ -161,31 +146,23 @@ class StreamingDecoder:
         self.state.index_fill_(0, slots, 0)
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Codes (B, rows, F) int + slots (B,) LongTensor → audio (B, F·samples_per_frame); updates state in place.
-
-        `valid` (B,) LongTensor: row b's first valid[b] frames are its chunk, the rest pad it to F (any codes):
-        only its first valid[b]·samples_per_frame samples are its audio, and its state advances by valid[b] frames
-        (1 ≤ valid ≤ F), so chunks of several lengths share one call."""
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Codes (B, rows, F) int + slots (B,) LongTensor → audio (B, F·samples_per_frame); updates state in place."""
         if codes.ndim != 3 or slots.ndim != 1 or slots.shape[0] != codes.shape[0]:
             raise ValueError(
                 f"need codes (B, rows, F) and slots (B,), got {tuple(codes.shape)} and {tuple(slots.shape)}"
             )
-        if valid is not None and valid.shape != slots.shape:
-            raise ValueError(f"valid must be (B,) like slots, got {tuple(valid.shape)}")
-        return _decode_chunk(self, codes, slots, valid)
+        return _decode_chunk(self, codes, slots)
 
 
-@region(dynamic_dims={1: (0, 2), 2: (0,), 3: (0,)})  # batch and frames symbolic: one compilation for every graph shape
-def _decode_chunk(
-    decoder: StreamingDecoder, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None
-) -> torch.Tensor:
+@region(dynamic_dims={1: (0, 2), 2: (0,)})  # batch and frames symbolic: one compilation for every graph shape
+def _decode_chunk(decoder: StreamingDecoder, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """One chunk for the given slots: gather their state rows, decode with them as left context, scatter the new
     rows back. A compiled region: inside `compiled(backend)` (model.compiled_regions) it runs through torch.compile,
     with batch and frames as symbolic sizes, so the engine's 7 batch buckets × 6 chunk sizes cost a few compilations
     (sizes 1 are specialised), not 42 of ~35 s each (measured on the H200 with static shapes)."""
     prev = decoder.state.index_select(0, slots)  # (B, state_numel)
-    ctx = _SlotContext(decoder._layout, prev, decoder.channels_last, valid, codes.shape[-1])
+    ctx = _SlotContext(decoder._layout, prev, decoder.channels_last)
     audio = decoder.codec.decode_with_context(codes, ctx, decoder.channels_last)  # (B, F·spf)
     decoder.state.index_copy_(0, slots, ctx.new_state())
     return audio

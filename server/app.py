@@ -28,7 +28,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from streaming.config import BackendConfig, WorkerLimits
 from streaming.engine import Engine, EngineConfig, EngineState
 
 from . import http_api
@@ -118,43 +117,8 @@ class SecurityHeaders:
 def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
     engine = engine or Engine(
         EngineConfig(
-            BackendConfig(
-                checkpoint=settings.checkpoint,
-                device=settings.device,
-                max_sessions=settings.max_sessions,
-                max_seq_len=settings.max_seq_len,
-                graphs_up_front=settings.graphs_up_front,
-                graph_first_frames=settings.graph_first_frames == "on",
-                graph_prefill={"on": True, "off": False}.get(settings.graph_prefill),
-                prefill_max_rows=settings.prefill_max_rows,
-                prefill_graphs_up_front=settings.prefill_graphs_up_front,
-                batch_invariant={"on": True, "off": False}.get(settings.batch_invariant),
-                compile_max_batch=settings.compile_max_batch,
-                compile_vocoder=settings.compile_vocoder == "on",
-                vocoder_half_step_buckets=settings.vocoder_half_step_buckets == "on",
-                vocoder_channels_last=settings.vocoder_channels_last in ("on", "tuned"),
-                vocoder_autotune=settings.vocoder_channels_last == "tuned",
-                tune_single_row=settings.compile_tune_single_row == "on",
-                compile_after_ready=settings.compile_after_ready == "on",
-                length_attention={"on": True, "off": False}.get(settings.length_attention),
-                gemv_kernels={"on": True, "off": False}.get(settings.gemv_kernels),
-                gemv_configs=settings.gemv_configs,
-                programmatic_launch=settings.programmatic_launch == "auto",
-                vocoder_overlap={"on": True, "off": False}.get(settings.vocoder_overlap),
-                vocoder_merge_padding=settings.vocoder_merge_padding,
-                compile_symbolic_batch_above=settings.compile_symbolic_batch_above,
-                compile_cache_dir=settings.resolved_compile_cache_dir,
-            ),
-            WorkerLimits(
-                admission_turn_fraction=settings.admission_turn_fraction,
-                admission_per_turn=settings.admission_per_turn,
-                admission_capacity_fraction=settings.admission_capacity_fraction,
-                prefill_step_share=settings.prefill_step_share,
-                prefill_hold_below_s=settings.prefill_hold_below_s,
-                prefill_hold_max_s=settings.prefill_hold_max_s,
-                prefill_hold_for=settings.prefill_hold_for,
-                pace_lead_s=settings.pace_lead_s,
-            ),
+            settings.backend_config(),  # the profile, then the engine flags given (server.settings)
+            settings.worker_limits(),
             max_queued_chars=settings.max_queued_chars,
             admission_wait_s=settings.admission_wait_s,
         )

@@ -322,7 +322,8 @@ async def _synthesize(
 
     engine = Engine(
         EngineConfig(
-            BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1),
+            # one utterance does not repay torch.compile's start-up (minutes on an empty cache): plain graphs
+            BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=1, compile_max_batch=0),
             max_queued_chars=max(MAX_QUEUED_CHARS, len(args.text)),  # the whole text is queued at once
         )
     )

@@ -66,6 +66,15 @@ PREFIX_TOKENS_CACHE = 64
 # Row-positions of KV one batched prefill pass may gather into scratch (rows × longest end): 16,384 is 1.6 GB for the
 # full-size model in bf16; larger batches are split into several passes.
 PREFILL_SCRATCH_POSITIONS = 16_384
+# Prompts per graph-captured prefill pass (row buckets 1, 2, 4). H200: a pass of 8 prompts of 64 tokens 4.66 ms
+# against 3.86 ms for 4 (0.58 against 0.96 ms a prompt), but end to end at 300 streams 8 rows gave p95 first audio
+# 251 ms against 198-238 ms with 4 (one server each; 2026-12-02, docs/archive/benchmark-log.md): no gain end to end.
+PREFILL_MAX_ROWS = 4
+# Compiled decode buckets above this many rows share one compilation per attention length with a symbolic batch
+# size instead of one per (bucket, length): with every bucket up to 512 compiled (the throughput profile), 28 static
+# compiles of ~16 s each on a cold H200 become 4, and the step at 384 rows went 19.6 → 13.3-13.6 ms against the
+# uncompiled one. Static shapes for those buckets were never measured end to end.
+COMPILE_SYMBOLIC_BATCH_ABOVE = 8
 
 
 def default_checkpoint() -> Path:
@@ -125,7 +134,7 @@ class Backend:
         t_fuse = time.perf_counter()
         self.model.fuse_feed_forward()  # one GEMV for w1 and w3 (same dot products; layers.FeedForward)
         load_s["fuse"] = time.perf_counter() - t_fuse
-        # the DualAR's load by part (H200 run 22, 1.3 GB from a warm page cache: read 0.2-0.4 s, to the device
+        # the DualAR's load by part (H200, 1.3 GB from a warm page cache: read 0.2-0.4 s, to the device
         # 0.2-0.3 s, fuse 0.01-0.02 s; the rest of the 4.8-10.9 s is the attention kernel's self-check below)
         for part, seconds in load_s.items():
             self.timings_s[f"load_weights_dual_ar_{part}"] = seconds
@@ -163,7 +172,7 @@ class Backend:
         self._encoder_lock = threading.Lock()
         self._encoder_stream: torch.cuda.Stream | None = None
         self.timings_s["load_weights"] = time.perf_counter() - t0
-        # its parts: the DualAR with the attention kernel's self-check, the codec (H200 run 22: DualAR 4.8-10.9 s, of it
+        # its parts: the DualAR with the attention kernel's self-check, the codec (H200: DualAR 4.8-10.9 s, of it
         # the check 4.4-10.1 s — then its first call of the custom op imported torch._dynamo and torch._inductor;
         # eager calls skip the op since, so a compiling server pays that import at its first capture instead, and
         # one that compiles nothing never; codec 0.2-0.3 s)
@@ -179,11 +188,8 @@ class Backend:
         self.compile_max_batch = (
             (COMPILE_MAX_BATCH_AUTO if graphs else 0) if config.compile_max_batch is None else config.compile_max_batch
         )
-        self.compile_vocoder = config.compile_vocoder and graphs
         self._choose_gemv_kernels(config, invariant, dtype)
-        if config.compile_vocoder and not graphs:
-            log.info("--compile-vocoder applies to CUDA-graph vocoders only; this %s vocoder runs eagerly", self.device)
-        if (self.compile_max_batch > 0 or self.compile_vocoder) and config.compile_cache_dir is not None:
+        if self.compile_max_batch > 0 and config.compile_cache_dir is not None:
             config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
             # assigned, not defaulted: inductor writes its default into the environment the first time it asks
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
@@ -212,27 +218,26 @@ class Backend:
             fixed_batch=invariant,
             first_frame_scratch_row=self.session_rows - 1 if config.graph_first_frames else None,
             prefill_scratch_row=self.session_rows - 1 if self.graph_prefill else None,
-            prefill_row_buckets=power_of_two_buckets(config.prefill_max_rows),
+            prefill_row_buckets=power_of_two_buckets(PREFILL_MAX_ROWS),
             compile_backend="inductor" if self.compile_max_batch > 0 else None,
             compile_max_batch=self.compile_max_batch or None,
             tune_single_row=config.tune_single_row,
             defer_compile=config.compile_after_ready,
-            symbolic_batch_above=config.compile_symbolic_batch_above,
+            symbolic_batch_above=COMPILE_SYMBOLIC_BATCH_ABOVE,
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)
         bucket_rule = half_step_buckets if config.vocoder_half_step_buckets else power_of_two_buckets
         self.vocoder_buckets = bucket_rule(self.vocoder_batch)  # the graphs' batch sizes (GPU)
+        # On a GPU the vocoder keeps activations, state and conv weights channels-last (time-major), cuDNN's
+        # tensor-core layout: H200, bf16 graphs, one row of 8 frames 2.21 → 1.35 ms, 64 × 24 frames 50.2 → 29.5 ms
+        # against channels-first (2026-12-02; docs/archive/benchmark-log.md). The CPU keeps channels-first.
         self.vocoder = StreamingDecoder(
             self.codec,
             max_slots=config.max_sessions + (self.vocoder_batch if graphs else 0),
-            channels_last=config.vocoder_channels_last and self.device.type == "cuda",
+            channels_last=self.device.type == "cuda",
         )
         self.overlap_vocoder = graphs if config.vocoder_overlap is None else config.vocoder_overlap
-        if config.vocoder_merge_padding < 0:
-            raise ValueError("vocoder_merge_padding must be at least 0 (0: off)")
-        # batch-invariant engines vocode slot by slot: nothing to merge
-        self.merge_padding = 0 if self.batch_invariant else config.vocoder_merge_padding
         self.vocoder_stream = (
             torch.cuda.Stream(self.device) if self.overlap_vocoder and self.device.type == "cuda" else None
         )
@@ -240,12 +245,8 @@ class Backend:
         self.vocoder_graphs = None
         if graphs:
             self.vocoder_graphs = GraphedVocoder(
-                self.vocoder, config.max_sessions, self.vocoder_buckets,
-                compile_backend="inductor" if self.compile_vocoder else None,
-                cudnn_benchmark=self.vocoder.channels_last and config.vocoder_autotune,
-                reroute=not self.batch_invariant,
-                chunk_merging=self.merge_padding > 0,
-            )  # fmt: skip
+                self.vocoder, config.max_sessions, self.vocoder_buckets, reroute=not self.batch_invariant
+            )
         self.builder = PromptBuilder(self.tokenizer, c.num_codebooks)
         self._prefix_tokens: collections.OrderedDict[bytes, torch.Tensor] = collections.OrderedDict()
         self._normalize = get_normalizer(meta.get("text_normalizer"))
@@ -280,7 +281,7 @@ class Backend:
         """The prompt prefix (system + references) of a voice: (1+nc, T) int tensor, shared, do not modify.
 
         Built once per distinct voice (an LRU of PREFIX_TOKENS_CACHE): normalising and tokenising a ~650-frame voice
-        took ~4 ms of the worker thread per new session (py-spy, run 15: ~5 % of the worker at 256 streams)."""
+        took ~4 ms of the worker thread per new session (py-spy, H200 server: ~5 % of the worker at 256 streams)."""
         if not references:
             return None
         digest = hashlib.sha256()
@@ -438,8 +439,7 @@ class Backend:
     @torch.inference_mode()
     def vocode(self, slots: Sequence[int], codes: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Continue each slot's audio with its codes (nc, F); one batched call per chunk length (per slot when
-        batch-invariant; lengths merged by `merge_padding`). Returns float32 PCM arrays (F·samples_per_frame,).
-        Waits for the audio."""
+        batch-invariant). Returns float32 PCM arrays (F·samples_per_frame,). Waits for the audio."""
         launched = self._launch_vocode(slots, codes)
         out = self._audio_out(codes, launched)
         if launched and self._vocoder_in_flight == 0:
@@ -461,8 +461,8 @@ class Backend:
 
         def collect() -> list[np.ndarray]:
             # Copied out into ordinary memory, waiting on the vocoder's stream only. The first version copied into
-            # fresh pinned memory without blocking (one event per launch): H200 run 20 call 2 then stalled one turn
-            # for 15.7 s at 300 streams (the shared cuBLAS workspace of call 3, probably; not isolated).
+            # fresh pinned memory without blocking (one event per launch): an H200 server then stalled one turn for
+            # 15.7 s at 300 streams (the shared cuBLAS workspace, probably; not isolated; 2026-12-02).
             with torch.cuda.stream(stream):
                 out = self._audio_out(codes, launched)
             self._vocoder_in_flight -= 1
@@ -474,7 +474,7 @@ class Backend:
 
     def _audio_out(self, codes: Sequence[np.ndarray], calls: list[tuple[list[int], torch.Tensor]]) -> list[np.ndarray]:
         """Each chunk's audio, in the order of `codes`, from the launched calls' (chunk indices, audio rows), copied to
-        the host (a wait on the current stream): a chunk padded to its call's length keeps its own frames' samples."""
+        the host (a wait on the current stream)."""
         spf = self.info.samples_per_frame
         out: list[np.ndarray | None] = [None] * len(codes)
         for batch, audio_t in calls:
@@ -492,28 +492,21 @@ class Backend:
         # turn waits once; each result is copied out at once (a graph's output is overwritten by its next replay)
         launched: list[tuple[list[int], torch.Tensor]] = []
         with self.device_times.span("vocode"):
-            for frames, members in call_groups(sizes, self.merge_padding, step):
+            for frames, members in call_groups(sizes, 0, step):  # one call per chunk length (and `step` rows)
                 for batch in (members[k : k + step] for k in range(0, len(members), step)):
-                    stacked = np.zeros((len(batch), codes[batch[0]].shape[0], frames), dtype=codes[batch[0]].dtype)
-                    for j, i in enumerate(batch):  # a shorter chunk is padded with code 0 (its audio is cut off)
-                        stacked[j, :, : sizes[i]] = codes[i]
+                    stacked = np.stack([codes[i] for i in batch])  # (B, nc, frames)
                     codes_t = self._to_device(torch.from_numpy(stacked), self._vocoder_staging)
                     slots_t = self._to_device(torch.tensor([slots[i] for i in batch]), self._vocoder_staging)
-                    valid_t = (
-                        self._to_device(torch.tensor([sizes[i] for i in batch]), self._vocoder_staging)
-                        if self.merge_padding > 0
-                        else None
-                    )
                     if self.vocoder_graphs is not None:  # a graph's output buffer is reused: copy it out
-                        audio = self.vocoder_graphs.decode(codes_t, slots_t, valid_t).to(torch.float32, copy=True)
+                        audio = self.vocoder_graphs.decode(codes_t, slots_t).to(torch.float32, copy=True)
                         rows_run = self.vocoder_graphs.last_rows_run
                         self.vocode_graph_ms += self.vocoder_graphs.last_replay_ms
                     else:
-                        audio = self.vocoder.decode(codes_t, slots_t, valid_t).to(torch.float32)
+                        audio = self.vocoder.decode(codes_t, slots_t).to(torch.float32)
                         rows_run = len(batch)
                     launched.append((batch, audio))
                     self.vocode_calls += 1
-                    self.vocode_frames_run += rows_run * frames  # graph padding rows and padded frames included
+                    self.vocode_frames_run += rows_run * frames  # graph padding rows included
         return launched
 
     def _on_vocoder_stream(self) -> contextlib.AbstractContextManager:
@@ -558,7 +551,7 @@ class Backend:
     def capture_graphs(self) -> int:
         t0 = time.perf_counter()
         # What loading built is frozen before the first capture, and each start-up capture's objects as soon as it is
-        # done: otherwise every full collection during start-up walks all captures so far (H200 run 28: 13
+        # done: otherwise every full collection during start-up walks all captures so far (H200: 13
         # collections growing from 85 to 784 ms, 6.8 s of a cold start and 2.3 s of a warm one).
         freeze_startup_objects()
         n = self.stepper.capture_all(self.config.graphs_up_front, after_each=freeze_new_objects)

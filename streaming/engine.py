@@ -23,7 +23,7 @@ import numpy as np
 
 from .admission_queue import AdmissionQueue
 from .backend import Backend, ModelInfo
-from .config import BackendConfig, WorkerLimits
+from .config import ADMISSION_WAIT_S, MAX_QUEUED_CHARS, BackendConfig, WorkerLimits
 from .errors import AdmissionDeferred, NotReady, Overloaded
 from .gc_pauses import GcPauses, freeze_startup_objects
 from .session import Close, Session, Speak, SynthesisSettings, Voice
@@ -37,8 +37,6 @@ DEVICE_PARTS = ("prefill", "step", "vocode")  # Backend.device_times spans on /m
 # and each Close follows an admitted open: the queue never holds more than twice this.
 COMMAND_QUEUE_SIZE = 4096
 WARM_UP_TEXT = "Hello world."
-# Text one session may have waiting to be spoken (the server's --max-queued-chars)
-MAX_QUEUED_CHARS = 50_000
 # Reference encodes waiting for the engine's one encoder thread; more are refused (Overloaded) instead of queueing.
 MAX_PENDING_ENCODES = 16
 
@@ -61,7 +59,7 @@ class EngineConfig:
     max_queued_chars: int = MAX_QUEUED_CHARS  # per session: text sent but not yet spoken (Session.speak refuses more)
     # Engine.admit: how long a new session waits while the real-time admission defers it (a burst comes in as the
     # capacity estimate grows, turn by turn) before it is refused; 0 refuses at once. At most max_sessions wait.
-    admission_wait_s: float = 2.0
+    admission_wait_s: float = ADMISSION_WAIT_S
     # what builds the backend on the worker thread (bench/host_ceiling.py swaps in a timed stand-in for the GPU)
     backend_factory: Callable[[BackendConfig], Backend] = Backend
 
@@ -192,7 +190,6 @@ class Engine:
             behind = worker.admission.refusal(working=len(self._sessions) - worker.idle_streams)
             if behind is not None:
                 raise AdmissionDeferred(behind)
-            worker.admission.note_admitted()
             session = Session(voice, settings, self._send, loop, max_queued_chars=self.config.max_queued_chars)
             self._sessions[session.id] = session
         try:
@@ -235,7 +232,7 @@ class Engine:
 
     def _prepare(self, cmd: Speak) -> Speak:
         """Normalise and tokenise a segment's text here, on the caller's thread, instead of in the worker's turn
-        (~0.4 ms a segment on a 2-core CPU; run 16 on the H200: 58–72 segments starting in one turn took 32–35 ms).
+        (~0.4 ms a segment on a 2-core CPU; on the H200, 58–72 segments starting in one turn took 32–35 ms).
         Text that fails here is left to the worker, which reports the error to its session as before."""
         worker = self._worker
         if worker is None or cmd.prepared is not None:
@@ -357,9 +354,6 @@ class Engine:
         }
 
 
-VOCODER_WARM_BATCHES = (2, 16)  # batch sizes a compiled vocoder is warmed at besides 1 (see _warm_up)
-
-
 def _warm_up(worker: Worker, timings_s: dict[str, float]) -> None:
     """Push one short utterance through prefill, decode and every vocoder chunk size on the worker thread; its parts'
     seconds go to `timings_s` as warm_up_prompt, warm_up_steps and warm_up_vocoder (each synchronised on a GPU)."""
@@ -370,8 +364,8 @@ def _warm_up(worker: Worker, timings_s: dict[str, float]) -> None:
     tokens = b.segment_tokens(b.model_text(WARM_UP_TEXT))
     # free session rows (nothing is admitted before READY): two where there are and their graphs were captured up
     # front, so that the batched prefill and first-frame paths run too. The lowest rows, so that the step runs their
-    # small bucket: the top rows made it run the largest one, whose graph --graphs-up-front leaves to idle time (H200
-    # run 20: a warm-up of 8.9 s, capturing it, in a 23.6 s warm start)
+    # small bucket: the top rows made it run the largest one, whose graph --graphs-up-front leaves to idle time (H200:
+    # a warm-up of 8.9 s, capturing it, in a 23.6 s warm start)
     rows = list(range(min(2, b.config.max_sessions, b.config.graphs_up_front or 2)))
     for row in rows:
         b.set_sampling(row, RowSampling(0.7, 0.7, 1.2, seed=0))
@@ -384,19 +378,12 @@ def _warm_up(worker: Worker, timings_s: dict[str, float]) -> None:
         b.step(len(commit), commit, tokens.shape[1] + 4)
     t0 = _part_done(b, timings_s, "warm_up_steps", t0)
     nc = b.info.num_codebooks
-    # one row; with a compiled vocoder also 2 and 16 rows: its region is compiled with a symbolic batch, but torch
-    # specialises batch 1 and its conv shape rules split 2-15 from 16 and more (model.vocoder_stream), each
-    # variant ~35 s cold on an H200, so all of them happen before ready rather than inside the first requests
-    sizes = [1] + ([n for n in VOCODER_WARM_BATCHES if n <= b.vocoder_batch] if b.compile_vocoder else [])
-    slot_sets = [list(range(n)) for n in sizes]
-    for slots in slot_sets:
-        for size in all_chunk_sizes():
-            b.vocode(slots, [np.zeros((nc, size), dtype=np.int64)] * len(slots))
-    for slot in {s for slots in slot_sets for s in slots}:
-        b.reset_vocoder(slot)
+    for size in all_chunk_sizes():  # one row at every chunk size: each has its own graph
+        b.vocode([0], [np.zeros((nc, size), dtype=np.int64)])
+    b.reset_vocoder(0)
     _part_done(b, timings_s, "warm_up_vocoder", t0)
     for row in rows:
-        b.stepper.pos[row] = 0
+        b.set_row_position(row, 0)
 
 
 def _part_done(b: Backend, timings_s: dict[str, float], part: str, t0: float) -> float:

@@ -1,14 +1,14 @@
 """Admission by real-time headroom: refuse new sessions while the engine's turns are too slow for real time.
 
 One worker turn advances every decoding stream by one frame of audio (46.4 ms at 44.1 kHz). When a turn takes
-longer than that, every stream falls behind real time and every client underruns (H200 run 14: 256 steady streams,
+longer than that, every stream falls behind real time and every client underruns (H200: 256 steady streams,
 44 ms turns for 173 decoding rows, all 512 requests underran). `--max-sessions` cannot know that point, which moves
 with text lengths, voices and chunk sizes; this guard watches it. The worker records each turn that decoded; while
 their running average exceeds `max_turn_fraction` of a frame, new sessions are refused (Overloaded, 503 / 1013 with
 Retry-After) so the streams already running keep real time. It admits again once the average is back under
 `RESUME_RATIO` of that limit (hysteresis), or once no decoding turn has run for `STALE_S` (the engine went idle).
 
-The average lags a burst: on the H200 (run 15, 384 clients arriving over 9 s) sessions kept being admitted until it
+The average lags a burst: on the H200 (384 clients arriving over 9 s) sessions kept being admitted until it
 crossed the limit, turns reached 69 ms, and 92 % of the admitted streams underran. So a second bound caps how many
 sessions may have work at once: the streams the last turns suggest fit the limit, `limit × rows / turn` from the
 running averages of decoding rows and turn time. A turn costs a fixed part plus a part per row, so this estimate is
@@ -18,9 +18,9 @@ idle periods (it describes the engine, not the moment). Off unless configured (`
 
 The capacity may use a tighter limit than the "behind" guard (`--admission-capacity-fraction`): a stream whose
 chunks are still growing needs turns of at most 2/3 of a frame (streaming.chunking.sustainable_turn_fraction), a
-stream in steady chunks only under one frame. H200 runs 29-30: at 384 streams the bench's 0.9 let every session in,
-full-load turns were 31.6-38.6 ms, and 2.7-14.5 % of requests underran briefly; tightening the one limit to 0.65
-instead tripped the "behind" guard on the first wave's long turns and held newcomers back at 300 streams too.
+stream in steady chunks only under one frame. On the H200 at 384 streams, both at the bench's 0.9 let every session
+in, full-load turns were 31.6-38.6 ms, and 2.7-14.5 % of requests underran briefly; both at 0.65 instead tripped the
+"behind" guard on the first wave's long turns and held newcomers back at 300 streams too.
 
 Optionally (`--admission-per-turn N`) at most N sessions are admitted between two decoding turns: when room opens
 after the engine was behind, the sessions waiting for it would otherwise start their prompts in the same turns, just
@@ -42,16 +42,11 @@ class RealtimeAdmission:
         self,
         frame_s: float,
         max_turn_fraction: float | None,
-        max_per_turn: int | None = None,
         capacity_fraction: float | None = None,
     ) -> None:
         for name, value in (("max_turn_fraction", max_turn_fraction), ("capacity_fraction", capacity_fraction)):
             if value is not None and not 0 < value <= 2:
                 raise ValueError(f"{name} must be in (0, 2], got {value}")
-        if max_per_turn is not None and max_per_turn < 1:
-            raise ValueError(f"max_per_turn must be at least 1, got {max_per_turn}")
-        self.max_per_turn = max_per_turn  # sessions admitted between two decoding turns, at most (None: no cap)
-        self.admitted_since_turn = 0
         self.frame_s = frame_s
         self.limit_s: float | None = None
         self.capacity_limit_s: float | None = None  # the turn the capacity estimate fits the streams into
@@ -73,7 +68,6 @@ class RealtimeAdmission:
             self.turn_avg_s += SMOOTHING * (seconds - self.turn_avg_s)
             self.rows_avg += SMOOTHING * (rows - self.rows_avg)
         self._last_turn_at = now
-        self.admitted_since_turn = 0
         if self.limit_s is not None:
             if self.turn_avg_s > self.limit_s:
                 self.behind = True
@@ -101,10 +95,6 @@ class RealtimeAdmission:
         # at least one: an engine too slow for even one stream in real time still serves one at a time
         return max(1.0, self.capacity_limit_s * max(self.rows_avg, 1.0) / self.turn_avg_s)
 
-    def note_admitted(self) -> None:
-        """A session was admitted (under the engine's lock, with the refusal check)."""
-        self.admitted_since_turn += 1
-
     def refusal(self, working: int = 0, now: float | None = None) -> str | None:
         """Why a new session must wait now, or None to admit it; `working` = sessions that have work now (admitted
         sessions that are not idle), which the new one would join."""
@@ -114,16 +104,6 @@ class RealtimeAdmission:
                 f"the engine is behind real time: a turn takes {self.turn_avg_s * 1e3:.0f} ms for "
                 f"{self.frame_s * 1e3:.0f} ms of audio per stream, so new sessions wait until it catches up; retry "
                 "later (--admission-turn-fraction sets the limit)"
-            )
-        if (
-            self.limit_s is not None
-            and self.max_per_turn is not None
-            and self.admitted_since_turn >= self.max_per_turn
-            and not self._stale(now)
-        ):
-            return (
-                f"the engine admits at most {self.max_per_turn} new sessions a turn and has this turn's; retry in a "
-                "moment"
             )
         capacity = self.capacity()
         if capacity is not None and working + 1 > capacity:

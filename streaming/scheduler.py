@@ -7,8 +7,7 @@ vocoder overlapped, the chunks the previous step completed go first). The worker
 (`plan_prefill`, `plan_step`, `plan_vocode`, `plan_tails`) and the executor carries the plan out on the model.
 
 Policies:
-- Prompt budget: a turn writes up to `prefill_tokens_per_turn` prompt tokens in `prefill_chunk_tokens` chunks, fewer
-  where the measured seconds per token would take more than `prefill_step_share` of a decode step.
+- Prompt budget: a turn writes up to `prefill_tokens_per_turn` prompt tokens in `prefill_chunk_tokens` chunks.
 - Holds: new prompts wait (at most `prefill_hold_max_s` at a time) while a decoding stream's client is nearly dry.
 - Back-pressure: a stream whose client has more than `max_undelivered_s` of audio unread sits out steps; after
   `stall_timeout_s` it is closed.
@@ -18,7 +17,7 @@ Policies:
   nearly dry clients, and a cap on segment tails per turn.
 - Admission: `RealtimeAdmission` refuses new sessions while turns are too slow for real time.
 
-The scheduler writes only its own bookkeeping: the hold clock, running averages, and each stream's `stalled_since`.
+The scheduler writes only its own bookkeeping: the hold clock and each stream's `stalled_since`.
 """
 
 from __future__ import annotations
@@ -34,16 +33,6 @@ from .stream_state import Phase, Stream
 
 # A schedule's larger chunk is sent only if the client's buffer lasts this many times its decoding time (turn jitter).
 GROWTH_MARGIN = 1.25
-PREFILL_SMOOTHING = 0.2  # weight of the newest call in the step and prefill running averages
-
-
-def prefill_token_budget(tokens: int, seconds: float, seconds_per_token: float | None) -> int:
-    """The prompt tokens a turn may write: `tokens`, or fewer where that would take more than `seconds` at the
-    measured `seconds_per_token` (unknown before the first prefill: `tokens`). The caller always writes at least one
-    prompt chunk, so a budget under a chunk still makes progress."""
-    if seconds_per_token is None or seconds_per_token <= 0:
-        return tokens
-    return max(1, min(tokens, int(seconds / seconds_per_token)))
 
 
 @dataclass(slots=True)
@@ -74,23 +63,9 @@ class Scheduler:
         self.admission = RealtimeAdmission(
             frame_s,
             limits.admission_turn_fraction,
-            limits.admission_per_turn,
-            limits.admission_capacity_fraction,
+            capacity_fraction=limits.admission_capacity_fraction,
         )
         self.prefill_held_since: float | None = None
-        self.step_avg_s = 0.0  # running average of the decode step calls (the prefill time budget)
-        self.prefill_s_per_token: float | None = None  # running average of prompt-writing seconds per token
-
-    # ---- measurements the executor reports -------------------------------------------------------------------------
-    def record_step(self, seconds: float) -> None:
-        self.step_avg_s += PREFILL_SMOOTHING * (seconds - self.step_avg_s)
-
-    def record_prefill(self, seconds: float, tokens: int) -> None:
-        per_token = seconds / tokens
-        if self.prefill_s_per_token is None:
-            self.prefill_s_per_token = per_token
-        else:
-            self.prefill_s_per_token += PREFILL_SMOOTHING * (per_token - self.prefill_s_per_token)
 
     # ---- prompts -----------------------------------------------------------------------------------------------------
     def plan_prefill(
@@ -104,9 +79,6 @@ class Scheduler:
             return PrefillPlan(held=True)
         chunk = self.limits.prefill_chunk_tokens
         budget = self.limits.prefill_tokens_per_turn or (chunk if self.batch_invariant else 4 * chunk)
-        share = self.limits.prefill_step_share
-        if share is not None and active_rows:
-            budget = prefill_token_budget(budget, share * self.step_avg_s, self.prefill_s_per_token)
         plan = PrefillPlan()
         used = 0
         for st in queued:

@@ -327,7 +327,6 @@ class Worker:
             self.stats.prefill_holds += 1
         if not plan.batch:
             return
-        t0 = time.perf_counter()
         try:
             logits, hidden = self.executor.write_prompts(plan.batch)
         except Exception as e:
@@ -339,7 +338,6 @@ class Worker:
         finished = [i for i, (st, _) in enumerate(plan.batch) if st.prefill is not None and not st.prefill.remaining]
         if finished:
             self._begin_decoding([plan.batch[i][0] for i in finished], logits[finished], hidden[finished])
-        self.scheduler.record_prefill(time.perf_counter() - t0, used)
 
     def _begin_decoding(self, streams: list[Stream], logits: torch.Tensor, hidden: torch.Tensor) -> None:
         """Streams whose prompts are written: sample their first frames in one call, then join the decode batch."""
@@ -371,7 +369,6 @@ class Worker:
             collect = self._collect_audio_in_step if self._vocoding else None
             frames = self.executor.step(plan.commit, collect)
             self._last_step_s = time.perf_counter() - t0 - self._collect_s
-            self.scheduler.record_step(self._last_step_s)
             self.stats.step_s += self._last_step_s
             self.stats.steps += 1
             # accepting a frame can end a segment and swap rows, so go by session, not by row; the device side of

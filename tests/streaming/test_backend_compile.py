@@ -24,11 +24,6 @@ def test_an_explicit_compile_limit_is_kept_on_cpu() -> None:
     assert backend.stepper.compile_backend == "inductor" and backend.stepper.compile_max_batch == 1
 
 
-def test_compile_vocoder_is_for_cuda_graph_vocoders_only() -> None:
-    backend = Backend(BackendConfig(max_sessions=2, compile_vocoder=True))
-    assert backend.compile_vocoder is False and backend.vocoder_graphs is None  # the CPU decodes eagerly
-
-
 def test_length_attention_is_refused_where_its_kernel_cannot_run() -> None:
     """The length-aware decode attention is a CUDA kernel: on CPU the backend refuses it at start-up, naming the fix,
     and by default (auto) no layer uses it there, nor with it off."""
@@ -98,12 +93,3 @@ def test_gemv_configs_file_is_read_at_start_up_and_a_bad_one_named(tmp_path) -> 
     finally:
         gemv.CONFIGS.clear()
         gemv.CONFIGS.update(saved)
-
-
-def test_prefill_max_rows_sets_the_static_passes_row_buckets() -> None:
-    """--prefill-max-rows reaches the static prefill passes (on CPU they run eagerly when asked for); 4 by default."""
-    default = Backend(BackendConfig(max_sessions=8, graph_prefill=True))
-    wide = Backend(BackendConfig(max_sessions=8, graph_prefill=True, prefill_max_rows=8))
-    assert default.stepper.static_prefill is not None and wide.stepper.static_prefill is not None
-    assert default.stepper.static_prefill.row_buckets == [1, 2, 4]
-    assert wide.stepper.static_prefill.row_buckets == [1, 2, 4, 8]

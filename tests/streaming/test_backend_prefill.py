@@ -78,14 +78,6 @@ def test_graph_prefill_gives_the_plain_prefill_within_rounding() -> None:
             torch.testing.assert_close(static.stepper.cache.k[:, row, :, :n], plain.stepper.cache.k[:, row, :, :n])
 
 
-def test_prefill_max_rows_8_takes_six_prompts_in_one_pass() -> None:
-    """--prefill-max-rows 8: the six prompts above are one padded pass instead of two, with the same results."""
-    plain = Backend(BackendConfig(max_sessions=6, batch_invariant=False))
-    static = Backend(BackendConfig(max_sessions=6, batch_invariant=False, graph_prefill=True, prefill_max_rows=8))
-    _, _, passes = prefill_six_both_ways(plain, static)
-    assert [p[0] for p in passes] == [8]
-
-
 def test_the_workers_prefill_chunk_fits_the_largest_graph_chunk() -> None:
     """A chunk over the largest bucket would send every long prompt's passes to the eager prefill."""
     from model.prefill_graphs import PREFILL_CHUNK_BUCKETS

@@ -64,13 +64,13 @@ def test_vocoder_beside_the_step_on_cuda_gives_the_serial_audio_and_no_stall() -
     """--vocoder-overlap on: seeded sessions beside unseeded others (their vocoder graphs replayed on the vocoder's
     stream while the step's run on the default one) give the codes and audio of the serial engine, and no turn
     stalls: graphs sharing the default capture stream's cuBLAS workspace stalled single turns for 15-29 s at 300
-    streams in run 20 (vocoder graphs capture on their own stream since)."""
+    streams (so vocoder graphs capture on their own stream)."""
 
     def overlapped(config):
-        return Backend(dataclasses.replace(config, vocoder_overlap=True, vocoder_merge_padding=32))
+        return Backend(dataclasses.replace(config, vocoder_overlap=True))
 
     def serial(config):
-        return Backend(dataclasses.replace(config, vocoder_overlap=False, vocoder_merge_padding=32))
+        return Backend(dataclasses.replace(config, vocoder_overlap=False))
 
     async def run(factory):
         with running_engine(max_sessions=8, backend_factory=factory) as engine:
@@ -104,26 +104,25 @@ def test_vocoder_beside_the_step_on_cuda_gives_the_serial_audio_and_no_stall() -
             diff = rel = float("inf")
         print(f"overlap vs serial, seeded stream: codes identical = {same}, PCM max diff {diff:.2e}, rel {rel:.2e}")
         # the same codes, but not always in a call with the same other rows: the overlap's calls are grouped one
-        # turn later, so a chunk may meet another graph bucket, whose bf16 kernels round differently (run 21: max
+        # turn later, so a chunk may meet another graph bucket, whose bf16 kernels round differently (H200: max
         # diff 8.8e-3 at peak 0.59). A wrong state or misordered audio would be of the order of the signal itself.
         if same:
             assert rel <= BF16_VOCODER_REL_MAX, rel
 
 
 def test_engine_with_compiled_step_regions_streams_on_cuda() -> None:
-    """--compile-max-batch and --compile-vocoder: buckets ≤ 2 rows run inductor-compiled regions inside their CUDA
-    graphs, and so does every vocoder graph; two sessions stream whole utterances and no region fell back to eager
-    (the fp32 equivalences are tests/model/test_gpu.py's and test_vocoder_stream.py's)."""
+    """--compile-max-batch: buckets ≤ 2 rows run inductor-compiled regions inside their CUDA graphs; two sessions
+    stream whole utterances and no region fell back to eager (the fp32 equivalences are tests/model/test_gpu.py's)."""
 
     def compiled_backend(config):
-        return Backend(dataclasses.replace(config, compile_max_batch=2, compile_vocoder=True))
+        return Backend(dataclasses.replace(config, compile_max_batch=2))
 
     async def main():
-        # cold compiles on the GPU: the step's buckets ≤ 2 (the one-row bucket tuned) and up to four vocoder
-        # specialisations; run 13's H200 call lost this test's failure text, most likely to the old 120 s limit
+        # cold compiles on the GPU: the step's buckets ≤ 2 (the one-row bucket tuned): hence 600 s (under a 120 s
+        # limit an H200 call lost this test's failure text)
         with running_engine(max_sessions=4, backend_factory=compiled_backend, ready_timeout_s=600) as engine:
             b = engine._worker.b
-            assert b.stepper.compile_backend == "inductor" and b.vocoder_graphs.compile_backend == "inductor"
+            assert b.stepper.compile_backend == "inductor"
             sessions = [
                 engine.open_session(Voice(), SynthesisSettings(seed=5 + i, max_new_tokens=40)) for i in range(2)
             ]
@@ -177,7 +176,7 @@ def test_batch_invariant_mode_on_gpu_solo_vs_loaded() -> None:
     from streaming.engine import Engine, EngineConfig
 
     async def run(load: int):
-        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, batch_invariant=True)))
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, batch_invariant=True, compile_max_batch=0)))
         engine.start()
         try:
             assert engine.wait_ready(300), engine.fault
@@ -207,7 +206,7 @@ def test_graphs_captured_in_idle_time_match_up_front_capture() -> None:
     from streaming.engine import Engine, EngineConfig
 
     async def run(up_front: int | None):
-        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=up_front)))
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=up_front, compile_max_batch=0)))
         engine.start()
         try:
             assert engine.wait_ready(300), engine.fault
@@ -254,7 +253,9 @@ def test_idle_capture_waits_for_buckets_an_open_session_is_past() -> None:
     long_text = " ".join(["This sentence keeps the open session's row well past five hundred positions."] * 10)
 
     async def main() -> None:
-        engine = Engine(EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=1, length_attention=False)))
+        engine = Engine(
+            EngineConfig(BackendConfig(max_sessions=8, graphs_up_front=1, length_attention=False, compile_max_batch=0))
+        )
         engine.start()
         try:
             assert engine.wait_ready(300), engine.fault
