@@ -45,7 +45,7 @@ def cat_time(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # How a decode-path conv adds its bias: "aten" (inside F.conv1d: cuDNN's output, then ATen's broadcast add, which
 # runs its generic elementwise kernel), "triton" (model.vocoder_kernels.add_channel_bias_ at full width, in place, in
 # either layout; inference only — no autograd — and not under torch.compile) or "auto": triton where it runs (CUDA
-# with Triton, Volta or newer), else aten. Run 16 on an H200: 60.2 → 52.3 ms at 64 × 24 frames, 2.43 → 2.31 ms at
+# with Triton, Volta or newer), else aten. On an H200: 60.2 → 52.3 ms at 64 × 24 frames, 2.43 → 2.31 ms at
 # 1 × 8 (default layout; 223 generic elementwise kernels, 14.6 ms, were mostly these adds).
 BIAS_ADD = "auto"
 
@@ -62,7 +62,7 @@ def _triton_bias(x: torch.Tensor) -> bool:
 # Fold a resblock's conv biases into the passes around them (model.vocoder.ResBlock1): the first conv's bias into the
 # second conv's history join (silu(y + b) as it joins), the second's into the residual add (x + y + b, one kernel).
 # Two fewer passes over the activation per conv pair. "on" (the default) applies where the bias kernel runs
-# (`_triton_bias`). Run 17 on an H200 (bench/vocoder_variants "+fuse", 64 × 24 frames): channels-last 33.1 → 29.5 ms
+# (`_triton_bias`). On an H200 (bench/vocoder_variants "+fuse", 64 × 24 frames): channels-last 33.1 → 29.5 ms
 # untuned, 29.9 → 26.5 ms autotuned; default layout 52.2 → 50.2 ms; 1 × 8 frames −0.1 ms in each.
 FUSE_BIAS = "on"
 
@@ -94,7 +94,7 @@ def _conv_time_major(
     """conv1d for a time-major input (B, C, T) and weight (out, in, k) stored (out, k, in), as a conv2d over
     (B, C, 1, T): those 4-D views are dense channels-last (NHWC), so cuDNN reads them as they are. conv1d decides the
     memory format on the 3-D tensors, where there is no channels-last, and copied every input to channels-first and
-    then, for the channels-last weight, back (H200 run 16: 199 strided copies, 32 of 61 ms at 64 × 24 frames)."""
+    then, for the channels-last weight, back (H200: 199 strided copies, 32 of 61 ms at 64 × 24 frames)."""
     y = F.conv2d(x.unsqueeze(2), w.unsqueeze(2), b, stride=(1, stride), dilation=(1, dilation), groups=groups)
     return y.squeeze(2)
 
@@ -102,8 +102,8 @@ def _conv_time_major(
 # (in channels, kernel, dilation) of decode-path convs that a channels-last decoder runs channels-first, through
 # transposing copies, unless cuDNN autotunes (torch.backends.cudnn.benchmark while the graphs are captured): its
 # heuristic gives the channels-last (256, 7, 5) convs a grouped direct kernel, 183 of the untuned layout's 213 ms at
-# 64 × 24 frames on an H200 (run 16). Run 17: with this set the untuned layout ran 33.1 ms (1 × 8: 1.48 ms), against
-# 29.9 ms autotuned, and captures in under a second a graph instead of 5–16 s.
+# 64 × 24 frames on an H200. With this set the untuned layout runs 33.1 ms (1 × 8: 1.48 ms), against 29.9 ms
+# autotuned, and captures in under a second a graph instead of 5–16 s.
 CHANNELS_FIRST_CONVS: frozenset[tuple[int, int, int]] = frozenset({(256, 7, 5)})
 
 
@@ -191,9 +191,9 @@ class CausalConv1d(CausalLayer):
             return self._depthwise_time_minor(x)
         # A channels-last decoder runs some convs channels-first, input and weight (PyTorch picks the channels-last
         # kernels when either is); as_time_minor below brings the output back. One output channel (the head's
-        # conv_post, at the audio rate): run 14 suspected it of two 91 ms cuDNN calls at 64 × 24 frames, run 15
-        # found those in two dilated 256-channel convs instead; kept, its effect alone not measured, the copies cost
-        # microseconds. CHANNELS_FIRST_CONVS: shapes cuDNN's heuristic (not its autotuning) handles badly channels-last.
+        # conv_post, at the audio rate) too: a precaution whose effect alone is not measured (two slow 91 ms cuDNN
+        # calls once blamed on it were two dilated 256-channel convs); the copies cost microseconds.
+        # CHANNELS_FIRST_CONVS: shapes cuDNN's heuristic (not its autotuning) handles badly channels-last.
         shape = (self.conv.in_channels, self.conv.kernel_size[0], self.dilation)
         channels_first = self.conv.out_channels == 1 or (
             shape in CHANNELS_FIRST_CONVS and not torch.backends.cudnn.benchmark
@@ -272,7 +272,7 @@ class CausalConvTranspose1d(CausalLayer):
         input frame i writes output blocks i … i+m−1 (s steps each), so block u sums the products of frames
         u, u−1, …, u−m+1. `x` holds the m − 1 history frames first (as the context prepends them); the result is the
         n_new blocks after them. On a channels-last input cuDNN ran the head's two k = 16, s = 8 upsamplers through
-        its grouped direct kernel: 183 ms at 64 × 24 frames on an H200 (run 14)."""
+        its grouped direct kernel: 183 ms at 64 × 24 frames on an H200."""
         w = self.conv.weight  # (C_in, C_out, k)
         c_in, c_out, k = w.shape
         s = self.stride

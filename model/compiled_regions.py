@@ -54,13 +54,13 @@ _options: dict[str, Any] = {"mode": None, "static_shapes": False}
 # Inductor options of `compiled(..., tuned=True)`: coordinate-descent tuning of every Triton kernel's launch
 # config, and with it inductor's rule that turns a one-row matmul (a GEMV) into a Triton reduction fused with its
 # neighbours (norms, activations, residual adds) instead of a cuBLAS call. The H200's batch-1 decode step went
-# 3.28 → 2.64 ms (993 → 825 kernels) for ~4× the compile time (bench/NOTES.md, run 14). CPU kernels are unaffected.
+# 3.28 → 2.64 ms (993 → 825 kernels) for ~4× the compile time (bench/NOTES.md). CPU kernels are unaffected.
 TUNED_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"coordinate_descent_tuning": True}
 # ...and their kernels launched through Triton's own launcher (tuned_options). With the static launcher (inductor's
 # default), a warm start loads them from the FX graph cache as static autotuners, and torch 2.11 then drops the tuned
 # launch config found in its autotune cache for every kernel that has one starting config (CachingAutotuner.
-# recheck_autotune_cache; fixed by 2.13), so coordinate descent ran again at every start: H200 run 24, 332-370
-# benchmarks and 6-7 s of a 35-38 s warm start. The compiled regions run inside CUDA graphs, so how a kernel is
+# recheck_autotune_cache; fixed by 2.13), so coordinate descent ran again at every start (H200: 332-370
+# benchmarks, 6-7 s of a 35-38 s warm start). The compiled regions run inside CUDA graphs, so how a kernel is
 # launched costs nothing at replay.
 
 

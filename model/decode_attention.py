@@ -3,7 +3,7 @@
 In a decode step every row attends from one new token to the keys at its positions [0, pos]. SDPA (cuDNN's flash
 kernel on the H200) is given the whole attention-length bucket and a mask, so it reads every row's keys up to the
 bucket's end (2,048 positions for rows at 1,000-1,900) and ran at ~40 % of the memory bandwidth those bytes need:
-5.2 of a 12.1 ms step at 384 rows (H200 run 18, docs/BENCHMARKS.md). Here one program per (row, kv head, split of
+5.2 of a 12.1 ms step at 384 rows (H200, docs/DECISIONS.md). Here one program per (row, kv head, split of
 the length) reads each key and value block once for the kv head's G query heads (the query heads that share it, as
 `Attention` folds them), skips the blocks past the row's length, and keeps a running softmax in fp32; a second
 kernel merges the splits when there are several (few rows: more programs than rows × kv heads keep the GPU busy).
@@ -13,7 +13,7 @@ dtype before their product with V (as flash attention does), so results match SD
 inputs use IEEE fp32 dot products (no TF32). Any head dim (padded to a power of two ≥ 16 with masked lanes).
 Tested against the masked softmax on CPU through Triton's interpreter and on CUDA (tests/model/test_decode_attention.py,
 tests/model/test_gpu.py). The engine uses it on CUDA by default (`--length-attention auto`,
-`DualARTransformer.use_length_attention`): H200 run 19, the slow stack's attention at 384 rows 5.2 → 1.8 ms, the
+`DualARTransformer.use_length_attention`): on the H200 the slow stack's attention at 384 rows 5.2 → 1.8 ms, the
 step 12.1 → 9.3 ms; and since it stops at each row's length, the step needs one attention length, the cache's.
 """
 
@@ -67,7 +67,7 @@ def length_attention(
     to L). Returns (B, Hkv, G, D) in q's dtype. Traced by torch.compile it is a custom op, which the compiled graph
     keeps opaque (the launch grid needs concrete sizes, and the large buckets compile with a symbolic batch);
     otherwise the kernels are launched directly: the op's first call imports torch._dynamo and torch._inductor
-    (1.5 s on a 2-core CPU; the H200 engine's 4.4-6.9 s kernel self-check at start-up, run 22), which an engine that
+    (1.5 s on a 2-core CPU; the H200 engine's 4.4-6.9 s kernel self-check at start-up), which an engine that
     compiles nothing never needs."""
     if torch.compiler.is_compiling():
         return torch.ops.fishgate.length_attention(q, keys, values, lengths, length_offset)
@@ -225,7 +225,7 @@ if AVAILABLE:
             tl.extra.cuda.gdc_wait()
         # one program per query head: CHUNK splits at a time as one (CHUNK, DIM_PAD) tile, so a one-row step's
         # 16 heads × up to 64 splits merge in one pass each (a loop over the splits, one program per kv head, took
-        # 13-14 µs a layer: H200 run 25)
+        # 13-14 µs a layer on the H200)
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.program_id(2)

@@ -73,7 +73,7 @@ class DualARTransformer(nn.Module):
         cpu = torch.device("cpu")  # real data even under a meta-device context, like the RoPE tables
         # one row per codebook position, each row starting on a 16-byte boundary: a compiled block copies every
         # input that is not so aligned before it runs (two copies per fast layer call, ~85 µs of a one-row step on
-        # the H200: run 25); fast_positions[pos, 0] is pos
+        # the H200); fast_positions[pos, 0] is pos
         causal = torch.ones(fast_len, fast_len, dtype=torch.bool, device=cpu).tril()
         self.register_buffer("fast_causal", torch.nn.functional.pad(causal, (0, -fast_len % 16)), False)
         positions = torch.arange(fast_len, device=cpu).unsqueeze(1)
@@ -96,8 +96,7 @@ class DualARTransformer(nn.Module):
         position instead of reading the whole attention bucket (not batch-invariant mode: that keeps its own
         row-independent attention). The fast stack's mask is "positions ≤ the codebook position" too, so its
         attention is one kernel instead of inductor's four (6.3-9.5 → 5.7 µs a layer with the cache writes at one row:
-        H200 run 25). Raises
-        where the kernel cannot run (no Triton, no CUDA)."""
+        H200). Raises where the kernel cannot run (no Triton, no CUDA)."""
         if enabled and not decode_attention.supported(self.embeddings.weight.device):
             raise ValueError("the length-aware decode attention needs a CUDA GPU and Triton")
         for module in self.modules():
@@ -245,7 +244,7 @@ class DualARTransformer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The slow stack's inputs: embeddings (B, T, dim), RoPE rows (B, T, hd/2, 2), visibility (B, 1, T, L). A
         region: compiled, a decode step's ~15 small embedding and mask kernels (~30 µs at one row) become three (5.5 µs,
-        H200 run 25)."""
+        H200)."""
         x = self.embed(inp, offset_codebooks=self.config.share_codebook_embeddings)
         freqs = self.freqs_cis[input_pos]
         visible = torch.arange(attn_len, device=inp.device).view(1, 1, -1) <= input_pos.unsqueeze(-1)

@@ -1,7 +1,7 @@
 """One-row matrix-vector products (GEMVs) of the decode step, as Triton kernels with the block's small ops fused in.
 
 At one row a decode step is a chain of GEMVs over ~1.7 GB of weights. Inductor's tuned reductions ran them at
-0.5-2.8 TB/s on the H200 (run 25: w1/w3 6.1 µs for 16.8 MB, w2 5.3 µs for 8.4 MB, wo 3.9 µs for 2 MB), each RMSNorm
+0.5-2.8 TB/s on the H200 (w1/w3 6.1 µs for 16.8 MB, w2 5.3 µs for 8.4 MB, wo 3.9 µs for 2 MB), each RMSNorm
 cost a one-program kernel of its own, and so did the residual add before the feed-forward's norm. Here each program
 reads BLOCK_N whole rows of the weight (in K_CHUNKS unrolled pieces: every load in flight together) and writes
 BLOCK_N outputs, with, as asked:
@@ -21,9 +21,9 @@ shapes not in the table get a rule of thumb.
 
 Inside compiled regions the product is a custom op (opaque to inductor, like model.decode_attention's kernel).
 `layers.TransformerBlock` and the heads call it for one-row decode steps when MODE is "auto" (the engine sets MODE:
-`--gemv-kernels`). H200 run 26: the one-row step 2.16 → 1.57 ms (722 → 434 kernels). Launched with programmatic
+`--gemv-kernels`). H200: the one-row step 2.16 → 1.57 ms (722 → 434 kernels). Launched with programmatic
 dependent launch where the GPU has it (model.launch_overlap), a program reads its weight rows before it waits for the
-kernels before it: run 27, 1.64 → 1.45 ms in one call.
+kernels before it: 1.64 → 1.45 ms measured in one call.
 """
 
 from __future__ import annotations
@@ -47,15 +47,14 @@ except ImportError:  # the CPU wheels of torch ship without Triton
     AVAILABLE = False
 
 # "auto" (the default): products of up to MAX_ROWS rows inside compiled regions on CUDA by these kernels; "off":
-# F.linear and the separate norms, RoPE and cache writes, which inductor turns into its tuned kernels. H200 run 26,
-# the tuned one-row step in the same call: 2.155 ms off, 1.722 ms with the kernels before the cache writes were fused
-# (1.574 ms with them, call 3). Run 25 had measured plain kernels (no fusions, one config rule for every shape)
-# slower for the large products.
+# F.linear and the separate norms, RoPE and cache writes, which inductor turns into its tuned kernels. H200, the tuned
+# one-row step: 2.155 ms off, 1.574 ms with the kernels (1.722 ms without the cache writes fused in). Plain kernels
+# (no fusions, one config rule for every shape) measured slower than inductor's for the large products.
 MODE = "auto"
 MAX_TILE = 32768  # weight elements one program may hold (BLOCK_N × the chunk length × K_CHUNKS)
 MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 4.3 TB/s already) stay with inductor
 # rows a product may have inside the compiled regions (the engine compiles buckets of 1-8 rows): each program reads
-# its weight rows once and multiplies them by every row, one row after another. 1: H200 run 27 measured the kernels
+# its weight rows once and multiplies them by every row, one row after another. 1: on the H200 the kernels measured
 # slower than inductor and cuBLAS for the few-row buckets (4 rows 3.19 against 3.06 ms, 8 rows 5.45 against 3.46 ms;
 # `bench.step_variants --variants engine_tuned_gemv8_pdl`)
 MAX_ROWS = 1
@@ -64,7 +63,7 @@ MAX_K_CHUNKS = 4  # pieces a program's weight rows are read in (all of them into
 MIN_PROGRAMS = 2 * 132  # the rule of thumb: at least two programs per SM of an H200 where the rows allow
 # (n, k, fused input) → (BLOCK_N, K_CHUNKS, num_warps); fused input: "plain", "norm" or "swiglu" (k = the product's
 # inner size, half the swiglu input). The full-size Fish 1.5 DualAR's products, best of bench/gemv_sweep.py's grid
-# on the H200 (run 26 call 1; µs a launch in a graph of cold weights, the rule of thumb's in brackets).
+# on the H200 (µs a launch in a graph of cold weights, the rule of thumb's in brackets).
 CONFIGS: dict[tuple[int, int, str], tuple[int, int, int]] = {
     (1280, 1024, "norm"): (2, 1, 4),  # wqkv: 2.68 µs (3.22)
     (1024, 1024, "plain"): (2, 1, 4),  # wo, + residual: 2.64 µs (2.92)

@@ -2,7 +2,7 @@
 
 A copy from pageable host memory waits for the device's queued work first, which would serialise a turn's vocoder
 calls; so each copy goes through pinned memory. `Tensor.pin_memory()` allocates a pinned block per call from torch's
-caching host allocator (a lock, event queries, a map), and the H200 run 17 profile at 384 streams put 8.8 % of the
+caching host allocator (a lock, event queries, a map), and an H200 profile at 384 streams put 8.8 % of the
 engine worker's samples in the line that called it. Here every copy writes into the next free slice of one buffer
 and is sent from there. A slice may be written again only once the device has read it: the owner calls `release()`
 right after a synchronisation of the stream the copies were queued on (every copy queued before it is then done).

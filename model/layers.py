@@ -106,8 +106,8 @@ def reduction_attention(
 
 class Attention(nn.Module):
     batch_invariant = False  # see Linear; set through DualARTransformer.set_batch_invariant
-    # Cached single-token attention inside compiled regions: "auto" = reduction_attention for one row (run 13 on
-    # the H200: batch-1 step 3.83 → 3.27 ms; at batch 8 it was slower, 4.56 → 5.81 ms, so SDPA there), "reduction"
+    # Cached single-token attention inside compiled regions: "auto" = reduction_attention for one row (on the
+    # H200: batch-1 step 3.83 → 3.27 ms; at batch 8 it was slower, 4.56 → 5.81 ms, so SDPA there), "reduction"
     # = for every batch (bench/step_variants.py's what-if), "sdpa" = never. Eager paths always use SDPA.
     decode_attention = "auto"
     # Cached single-token attention through model.decode_attention's kernel, which reads each row's keys only up to

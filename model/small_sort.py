@@ -1,7 +1,7 @@
 """A descending sort of short rows (≤ 4,096 values) in one Triton program per row, for top-p over the codebooks.
 
 torch.sort of a (1, 1,024) row runs ATen's one-block radix sort: 17 µs, plus its input copies, seven times in every
-one-row decode step (H200 run 25: ~140 of 2,550 µs). Here each row is one bitonic sort of 64-bit keys in registers.
+one-row decode step (H200: ~140 of 2,550 µs). Here each row is one bitonic sort of 64-bit keys in registers.
 A key is the value's bits, mapped so that integer order is the float order (-0.0 and +0.0 equal, as CUB's radix sort
 has them), above the position counted down from the end, so equal values keep their original order: the result is
 torch.sort(descending=True, stable=True), the values bitwise and the same indices. CUDA's torch.sort of rows this

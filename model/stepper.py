@@ -82,7 +82,7 @@ def capturable_buckets(missing: list[tuple[int, int]], row_positions: Sequence[i
 
 
 # A step runs in a larger captured bucket than its own when that bucket's graph replayed in under this share of the
-# own one's time at capture. Inductor's kernels for some batch sizes are slower than for larger ones (H200, run 31:
+# own one's time at capture. Inductor's kernels for some batch sizes are slower than for larger ones (H200:
 # 64 rows 5.46-5.69 ms, 96 rows 6.68, 128 rows 4.93-4.94: at 64 rows two of the sampler's vocabulary reductions took
 # 1.6 ms). Replay times repeat within ~1-2 %; the margin keeps noise from moving a step.
 ROUTE_BELOW = 0.95

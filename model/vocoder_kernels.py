@@ -2,11 +2,11 @@
 time-major output), and add a conv's bias in place.
 
 Every silu-first conv of a streaming chunk needs `cat([history (B, C, W), silu(x) (B, C, T)], -1)`. As PyTorch ops
-that is a silu pass and a cat pass (run 13: the cats were 19 of 80 ms at 64 × 24 frames on an H200); as `silu.out`
-into the joined buffer it is one pass, but the strided output sends ATen to its generic elementwise kernel (run 15:
+that is a silu pass and a cat pass (the cats were 19 of 80 ms at 64 × 24 frames on an H200); as `silu.out`
+into the joined buffer it is one pass, but the strided output sends ATen to its generic elementwise kernel (H200:
 415 such kernels, 26.5 of 67 ms). This kernel reads both inputs with any strides and writes the contiguous joined
 buffer at full width: one program per (row, block of time). The bias kernels replace ATen's broadcast add, which
-also runs the generic kernel (run 16 on an H200: 60.2 → 52.3 ms at 64 × 24 frames; model.codec_layers.BIAS_ADD).
+also runs the generic kernel (on an H200: 60.2 → 52.3 ms at 64 × 24 frames; model.codec_layers.BIAS_ADD).
 
 Numerics: silu is computed in fp32 as x / (1 + exp(−x)) and rounded once, as ATen's CUDA silu does; exp may differ
 from ATen's in the last bit, so the result matches `F.silu` to rounding, not bitwise (tests/model/test_gpu.py).
@@ -125,7 +125,7 @@ def add_channel_bias_(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`y += bias[:, None]` in place for a conv output y (B, C, T), contiguous or dense time-major
     (`is_dense_time_major`), and bias (C,) on one CUDA device, in fp32 and rounded once, as ATen's add. ATen runs this
     broadcast add through its generic elementwise kernel (a conv's bias: ~97 such adds in a 64 × 24-frame vocoder
-    call, run 15); this runs at full width. No autograd."""
+    call); this runs at full width. No autograd."""
     if not AVAILABLE:
         raise RuntimeError("add_channel_bias_ needs Triton (installed with CUDA builds of torch)")
     batch, channels, length = y.shape

@@ -44,7 +44,7 @@ RETRY_AFTER_S = {429: "1", 503: "1"}
 OFF_LOOP_BYTES = 1 << 20
 # An audio chunk this short whose output is `light` (raw or WAV at the vocoder's rate, speed 1) is encoded on the
 # loop: ≤ ~60 µs, where a thread hand-off costs ~100 µs and, under load, keeps a pool of threads taking turns at
-# the GIL the engine's worker needs (H200 run 17: ~20 encoder threads busy at 384 streams). The engine's largest
+# the GIL the engine's worker needs (H200: ~20 encoder threads busy at 384 streams). The engine's largest
 # chunk is 24 frames (49,152 samples).
 INLINE_ENCODE_SAMPLES = 65_536
 

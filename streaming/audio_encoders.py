@@ -72,7 +72,7 @@ def codec_sample_rate_hz(fmt: str, requested_hz: int) -> int:
 def float_to_s16le(pcm_f32: np.ndarray) -> bytes:
     """Float samples → little-endian int16 bytes; values beyond ±1 saturate at ±32767 (never wrap), NaN → 0.
 
-    Runs for every chunk of every stream (the H200 run 17 profile at 384 streams had ~20 encoder threads busy here,
+    Runs for every chunk of every stream (an H200 profile at 384 streams had ~20 encoder threads busy here,
     each holding the GIL the engine's worker needs): one finiteness check instead of nan_to_num's three passes, and
     the scaling in place — bitwise the result of `rint(clip(nan_to_num(x), -1, 1) * 32767)`, ~3× faster."""
     x = np.asarray(pcm_f32, dtype=np.float32).reshape(-1)

@@ -81,7 +81,7 @@ def call_groups(sizes: Sequence[int], padding_budget: int, max_rows: int) -> lis
     per distinct size, except that a size's chunks join the call of the smallest larger size kept where the frames
     they would pad (chunks × the difference) stay within `padding_budget` and the joined call needs no more of its
     ⌈rows / max_rows⌉ passes. The trade: a call costs ~2 ms on an H200 whatever its size, a padded row-frame ~0.02 ms
-    (run 17's shape table; a turn at ~300 streams made 2.8 calls). A budget of 0 keeps every size apart."""
+    (an H200 shape table; a turn at ~300 streams made 2.8 calls). A budget of 0 keeps every size apart."""
     by_size: dict[int, list[int]] = {}
     for i, n in enumerate(sizes):
         by_size.setdefault(n, []).append(i)

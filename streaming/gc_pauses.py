@@ -85,8 +85,8 @@ class GcPauses:
 def freeze_new_objects() -> int:
     """Exempt what was built since the last freeze (a graph captured after start-up: compiled code, dynamo's and
     inductor's caches) from later collections, after collecting only the young generations (a few ms); returns the
-    frozen count. Each full collection otherwise walks every capture so far: during an H200 start-up (run 28, before
-    the freeze at ready) full collections grew from 78 to 785 ms as graphs were captured, and captures after ready
+    frozen count. Each full collection otherwise walks every capture so far: during an H200 start-up without the
+    freeze at ready, full collections grew from 78 to 785 ms as graphs were captured, and captures after ready
     (idle time, first use) build the same kind of objects while streams run. Cyclic garbage that already reached the
     oldest generation stays frozen (bounded: one set per captured graph)."""
     _collect_and_freeze(1)

@@ -242,8 +242,8 @@ class Session:
 
 class Outbox:
     """The worker's events on their way to the sessions' event loops: collected while the worker works, then handed
-    over by `flush` in one call per loop — one wake-up of the server's loop a flush instead of one per event (H200
-    run 17 at 384 streams: 2.8 % of the worker's samples went to writing the loop's wake-up pipe, 5.8 % of the
+    over by `flush` in one call per loop — one wake-up of the server's loop a flush instead of one per event (an H200
+    profile at 384 streams: 2.8 % of the worker's samples went to writing the loop's wake-up pipe, 5.8 % of the
     loop's to reading it). Each session's events keep their order. Worker thread only."""
 
     def __init__(self) -> None:

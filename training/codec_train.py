@@ -43,7 +43,7 @@ VALIDATION_CROPS = 16
 @dataclass(frozen=True, slots=True)
 class CodecTrainConfig:
     codec: dict[str, Any]  # codec_config.json contents
-    # batch 16 at 1e-4 in fp32: the H200 runs of 2026-11-30 (training/TRAINING.md, "Run 1") collapsed the FSQ to
+    # batch 16 at 1e-4 in fp32: the H200 trainings of 2026-11-30 (training/TRAINING.md) collapsed the FSQ to
     # one code per group at 5e-4 (with or without bf16) once the warm-up reached ~2e-4; 1e-4 recovered, and batch 16
     # reached the lowest mel loss per second (mel 0.63 after 200 s, 5 runs sharing one GPU)
     batch_size: int = 16
@@ -247,7 +247,7 @@ def _eager_step(
 class GraphedReconStep:
     """The reconstruction-only step (forward, loss, backward, clipping, AdamW) as one CUDA-graph replay.
 
-    The codec is small, so an eager step is launch-bound (15–18 steps/s on the H200 in run 1). A replay issues the
+    The codec is small, so an eager step is launch-bound (15–18 steps/s on the H200). A replay issues the
     same kernels without Python in between. Crops go through a static input buffer; the optimizer is a capturable
     AdamW whose learning rate is a device tensor, refilled before each replay. The first WARMUP_STEPS steps run
     eagerly on a side stream (cuDNN picks its algorithms, Adam creates its state), as torch's whole-network capture

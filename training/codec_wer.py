@@ -1,8 +1,9 @@
 """How intelligible the codec alone is: held-out teacher audio encoded and decoded, then judged by Whisper.
 
-The DualAR can only speak through the codec, so this bounds the default voice's WER from below (run 1: 139 %, the
-reason it was not shipped). Reads a teacher manifest (training/teacher.py) and a codec resume file or checkpoint
-folder; writes the resynthesised WAVs beside a manifest and prints the WER summary (training/wer.py).
+The DualAR can only speak through the codec, so this bounds the default voice's WER from below (the first codec trained:
+139 %, why that voice was not shipped; training/TRAINING.md). Reads a teacher manifest (training/teacher.py) and a codec
+resume file or checkpoint folder; writes the resynthesised WAVs beside a manifest and prints the WER summary
+(training/wer.py).
 
     python -m training.codec_wer --codec build/training/run1/gan_codec_resume.safetensors --limit 25
 """

@@ -445,7 +445,7 @@ def collect(work: Path, out: Path) -> None:
     extra += sorted(p.name for p in work.glob("codes_*.npz") if p.name not in ("codes_live.npz", "codes_next.npz"))
     extra += sorted(p.name for p in work.glob("codec_*.log"))
     for run in sorted(work.glob("dual_ar_*/")):  # hold B's variants
-        # the final weights (run 2's best-by-validation-loss checkpoint came before the text mattered)
+        # the final weights (a best-by-validation-loss checkpoint can come before the model reads the text)
         names = ("dual_ar_resume.safetensors", "dual_ar_log.jsonl", "dual_ar_samples.npz")
         extra += [f"{run.name}/{name}" for name in names]
         extra.append(f"{run.name}.log")

@@ -62,7 +62,7 @@ SAMPLE_TEXTS = 3
 class DualARTrainConfig:
     dual_ar: dict[str, Any]  # config.json contents
     max_tokens: int = 16384  # batch size · padded length
-    lr: float = 2e-3  # run 1 (H200): stable, loss still falling when the time ran out
+    lr: float = 2e-3  # stable on the H200 (training/TRAINING.md), loss still falling when the time ran out
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.05
     total_seconds: float = 1440.0  # cosine LR horizon in training seconds over all calls (calls are time-boxed)
@@ -71,7 +71,7 @@ class DualARTrainConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     init_std: float = 0.02  # upstream's initializer_range
-    # residual dropout on every attention and feed-forward output while training: run 1 (20 h, no dropout)
+    # residual dropout on every attention and feed-forward output while training: without it, 20 h of audio
     # overfitted after ~40 epochs (val loss 2.93 at step 3,500, 3.13 at 5,000 while the train loss kept falling)
     dropout: float = 0.1
     frame_dropout: float = 0.0  # fraction of input frames hidden from the slow stack (training/frame_dropout.py)
@@ -131,7 +131,7 @@ def mismatched_examples(factory: ExampleFactory, indices: Sequence[int], max_seq
     """Each validation utterance's codes under the next utterance's text: the token loss on these minus the loss
     with the right text (`val_text_gap`, nats per token) says how much the model reads the text. Teacher forcing
     keeps it modest (the codes so far predict much of the next frame), but a model that ignores the text scores
-    ~0: run 2's babbling model (WER ~100 %) scored 0.11."""
+    ~0: a babbling model (WER ~100 %, training/TRAINING.md) scored 0.11."""
     builder = factory.builder
     out = []
     for n, i in enumerate(indices):

@@ -1,13 +1,13 @@
 """Frame dropout for DualAR training: hide a random fraction of the previous frames from the slow stack's input.
 
-Teacher forcing lets an autoregressive TTS model predict most of the next frame from the frames before it, so the
-text earns little gradient and a small model learns to babble (run 2: the token loss moved by 0.11 nats per token
+Teacher forcing lets an autoregressive TTS model predict most of the next frame from the frames before it, so the text
+earns little gradient and a small model learns to babble (here, without it: the token loss moved by 0.11 nats per token
 under another utterance's text). Tacotron keeps dropout of 0.5 on its decoder's frame input (the "pre-net") for this
-reason; word dropout does the same for text decoders (Bowman et al., 2016). Here each semantic frame of the slow
-stack's input is replaced, with probability `p`, by a zero embedding (token and codebook rows alike: position stays in
-RoPE). Text and control tokens are never dropped, the fast stack's teacher-forced codes are untouched (it reads the
-codes of the frame being predicted, not the input), and the targets are unchanged. Training only: a forward
-pre-hook on the first slow layer, inactive in eval mode, so the model class, its weights and inference are unchanged.
+reason; word dropout does the same for text decoders (Bowman et al., 2016). Here each semantic frame of the slow stack's
+input is replaced, with probability `p`, by a zero embedding (token and codebook rows alike: position stays in RoPE).
+Text and control tokens are never dropped, the fast stack's teacher-forced codes are untouched (it reads the codes of
+the frame being predicted, not the input), and the targets are unchanged. Training only: a forward pre-hook on the first
+slow layer, inactive in eval mode, so the model class, its weights and inference are unchanged.
 """
 
 from __future__ import annotations

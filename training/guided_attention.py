@@ -1,12 +1,12 @@
 """Guided attention (Tachibana et al., 2017) for the DualAR: a training-only loss that makes one attention head read
 the text in order.
 
-Run 2's DualAR spoke fluent babble: it predicted codes from the codes before them and barely read the text (the
-token loss changed by 0.11 nats per token under another utterance's text). Attention-based TTS models find the
-text↔speech alignment slowly and, with ~20 h of speech, overfit first. This loss pushes one head of one slow layer
-towards the diagonal: for frame i of N and text token j of M, the head's attention restricted to the utterance's text
-is penalised by W = 1 − exp(−(j/M − i/N)² / 2σ²). Inference is untouched (the head is an ordinary head of the
-official architecture; the loss only shapes what it learns), so exported checkpoints load as before.
+An early DualAR trained here (training/TRAINING.md) spoke fluent babble: it predicted codes from the codes before them
+and barely read the text (the token loss changed by 0.11 nats per token under another utterance's text). Attention-based
+TTS models find the text↔speech alignment slowly and, with ~20 h of speech, overfit first. This loss pushes one head of
+one slow layer towards the diagonal: for frame i of N and text token j of M, the head's attention restricted to the
+utterance's text is penalised by W = 1 − exp(−(j/M − i/N)² / 2σ²). Inference is untouched (the head is an ordinary head
+of the official architecture; the loss only shapes what it learns), so exported checkpoints load as before.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_a_region_whose_compiler_fails_runs_eagerly_for_those_shapes(caplog: pyt
 
 
 def test_top_p_cumsum_reaches_the_compiler_as_the_opaque_op() -> None:
-    """Inductor's split-scan codegen failed on top-p's cumsum at (8, 102048) in torch 2.11 (GPU, run 12): while
+    """Inductor's split-scan codegen failed on top-p's cumsum at (8, 102048) in torch 2.11 (on the GPU): while
     dynamo traces, the cumsum must be the custom op (ATen's kernel at run time); eagerly it is plain torch.cumsum."""
     from model.sampling import sample
 

@@ -149,5 +149,5 @@ EAGER_AND_TRACED = textwrap.dedent(
 def test_eager_calls_skip_the_custom_op_and_traced_calls_keep_it() -> None:
     """Eager calls (the engine's start-up self-check, CUDA graphs without compile) launch the kernels directly: the
     custom op's first call imports torch._dynamo and torch._inductor (1.5 s here; most of the H200 engine's 4.4-6.9 s
-    kernel check, run 22). Under torch.compile the call is still the opaque custom op, in one graph, same numbers."""
+    kernel check). Under torch.compile the call is still the opaque custom op, in one graph, same numbers."""
     run_interpreted(EAGER_AND_TRACED)

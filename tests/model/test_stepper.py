@@ -238,7 +238,7 @@ def test_a_first_frame_capture_in_idle_time_runs_the_scratch_row_at_position_zer
     """First-frame graphs left to idle time (--graphs-up-front) are captured after real first frames went through
     the static buffers, which still hold those rows' positions. The capture's runs must put the scratch row at
     position 0 in every padded slot, not at a stale position past the shortest attention length: there the next decode
-    capture over the scratch row wrote out of range (a CUDA index assert on the H200, run 20; on a GPU which of the
+    capture over the scratch row wrote out of range (a CUDA index assert on the H200; on a GPU which of the
     duplicate writes lands is not defined). Stand-in recorder (no CUDA) noting the positions each capture runs with."""
     model = make_model("gqa_fast_project")
     stepper = DecodeStepper(model, 9, max_seq_len=64, max_batch=8, length_buckets=[16, 32], first_frame_scratch_row=8)
@@ -488,7 +488,7 @@ def test_without_deferral_start_up_compiles_the_buckets_it_captures() -> None:
 
 
 def test_a_step_routes_to_a_larger_bucket_only_when_it_replayed_clearly_faster() -> None:
-    # run 31 (H200): 64 rows 5.46 ms, 96 rows 6.68 ms, 128 rows 4.94 ms
+    # H200 replay times: 64 rows 5.46 ms, 96 rows 6.68 ms, 128 rows 4.94 ms
     times = {32: 4.92, 48: 5.19, 64: 5.46, 96: 6.68, 128: 4.94, 192: 6.0}
     assert fastest_bucket(64, times) == 128
     assert fastest_bucket(96, times) == 128

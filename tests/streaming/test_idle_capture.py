@@ -1,5 +1,5 @@
 """Idle-time graph capture waits until the worker has had no work for `idle_capture_after_s`: a capture blocks the
-worker, and a request arriving during one waits for it (run 9 on the H200: captures at every gap between
+worker, and a request arriving during one waits for it (on the H200, captures at every gap between
 back-to-back requests cost each request 40-70 ms of first audio). On CPU nothing is captured, so a recording
 backend stands in for the GPU's `capture_idle_graph` and notes when the worker would have captured."""
 
@@ -121,7 +121,7 @@ class ObjectBuildingCaptures(Backend):
 
 
 def test_what_each_idle_capture_builds_is_frozen_out_of_later_collections() -> None:
-    """A full collection walks every object not frozen, and each capture adds hundreds of thousands (H200 run 28:
+    """A full collection walks every object not frozen, and each capture adds hundreds of thousands (H200:
     pauses of 78 → 785 ms while idle captures ran after ready): each capture's objects are frozen right after it."""
     import gc
 
@@ -208,7 +208,7 @@ class StartupCapturesBuildObjects(Backend):
 
 def test_each_start_up_capture_is_frozen_before_the_next_one() -> None:
     """Before ready, each capture's objects are frozen right after it, so a full collection during start-up walks only
-    the capture under way (H200 run 28: start-up collections grew from 85 to 784 ms, ~2 s of a warm start)."""
+    the capture under way (H200, unfrozen: start-up collections grew from 85 to 784 ms, ~2 s of a warm start)."""
     import gc
 
     with running_engine(max_sessions=2, backend_factory=StartupCapturesBuildObjects) as engine:

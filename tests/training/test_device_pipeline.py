@@ -1,7 +1,7 @@
 """The one-hold device pipeline's pieces that run anywhere: what comes back, the GAN audio prefix, Piper's launcher.
 
 The whole pipeline (codec → Piper → codes → DualAR ∥ decoder phase, as daemons) was run end to end with real Piper on
-this CPU and on the H200 (training/TRAINING.md, run 1); CI has no Piper, so the end-to-end test here runs the real
+this CPU and on the H200 (training/TRAINING.md); CI has no Piper, so the end-to-end test here runs the real
 daemons with a stand-in for Piper's process.
 """
 

@@ -1,10 +1,10 @@
 """The WER gate end to end: a real server on the embedded default model, held-out sentences over /v1/tts/live,
 Whisper tiny.en (faster-whisper, offline) and the reversed-audio control.
 
-The embedded default is the trained voice of model/default_model/README.md (21.4 % on all 300 held-out sentences,
-13.3 % on the first six, which this suite speaks). Six sentences are too few to decide the issue's gate (≤ 25 %,
-judged on the full held-out set in the card), so the suite asserts what it can: the voice is intelligible — a regression
-bound well under babble (run 2's model: ~100 %) with room for another CPU's rounding to change a few samples — and
+The embedded default is the trained voice of model/default_model/README.md (21.4 % on all 300 held-out sentences, 13.3 %
+on the first six, which this suite speaks). Six sentences are too few to decide the issue's gate (≤ 25 %, judged on the
+full held-out set in the card), so the suite asserts what it can: the voice is intelligible — a regression bound well
+under babble (a model that ignores the text: ~100 %) with room for another CPU's rounding to change a few samples — and
 the reversed-audio control fails. A folder marked untrained (random weights) makes the bound a strict xfail.
 """
 
