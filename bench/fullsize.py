@@ -1,6 +1,6 @@
-"""Shared pieces of the GPU benchmarks: the official Fish 1.5 DualAR config, deterministic random weights, a
-byte-ish 100,000-rank tokenizer (so the official special ids 100000.. hold), the official codec with random weights,
-CUDA timing helpers and the run's environment record. No measurement logic lives here.
+"""Shared pieces of the GPU benchmarks and GPU tests: the official Fish 1.5 DualAR config, deterministic random
+weights, a byte-ish 100,000-rank tokenizer (so the official special ids 100000.. hold), the official codec with
+random weights and the run's environment record. No measurement logic lives here (bench/step.py times the step).
 
 The config is a copy of `fish15_model_keys.json`'s "config" (../shared does not travel to the GPU machine).
 """
@@ -11,9 +11,7 @@ import base64
 import json
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,6 @@ SEMANTIC_BEGIN_ID = N_RANKS + 12
 INIT_STD = 0.02  # upstream _init_weights: normal(0, initializer_range)
 # Output heads are scaled up so logits have a std of ~3 (a peaked softmax, as a trained model has), not ~0.6.
 HEAD_SCALE = 5.0
-FRAME_RATE_HZ = 44100 / 2048  # 21.53 frames per second of audio
 
 
 def dual_ar_config(tiny: bool = False) -> DualARConfig:
@@ -114,42 +111,10 @@ def random_codec(device: str, dtype: torch.dtype, seed: int = 0, tiny: bool = Fa
     return codec
 
 
-# ---- timing ------------------------------------------------------------------------------------------------------
+# ---- the run's record --------------------------------------------------------------------------------------------
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def wall_ms(fn: Callable[[], object], device: str, iters: int, warmup: int = 1) -> float:
-    """Median host wall time of fn() with a device sync after each call (right for launch-bound eager code)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def event_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
-    """Median device time of fn() between CUDA events (right for graph replays); falls back to wall on CPU."""
-    if not torch.cuda.is_available():
-        return wall_ms(fn, "cpu", iters, warmup)
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
 def environment() -> dict[str, Any]:

@@ -5,7 +5,7 @@ it) every config of a small grid (BLOCK_N rows a program, K_CHUNKS unrolled piec
 CUDA graph of R launches over R copies of the weight (together larger than the L2 cache, as the step's 56 layers
 are), so each figure is a cold-weight launch with its gap, as inside the step. Each config's output is checked
 against the eager ops in fp32 on the same bf16 values (gemv.reference) before it is timed. The best config per
-product goes to `configs` in the JSON (what gemv.load_configs and `bench.step_variants --gemv-configs` read), with
+product goes to `configs` in the JSON (what gemv.load_configs and `fishgate serve --gemv-configs` read), with
 the rule of thumb's time and the bandwidth each reaches.
 Usage: python -m bench.gemv_sweep --out sweep.json [--budget-s 200] [--products wqkv,wo,w13,w2,fast_head,token_head]
 """

@@ -1,10 +1,11 @@
-"""GPU model check for the full-size Fish 1.5 DualAR: load time, memory, and bf16-vs-fp32 agreement.
+"""The checkpoint check: a full-size Fish 1.5 DualAR in bf16 against fp32 on the same weights; load time, memory.
 
-Writes a random-weight checkpoint folder (bf16 model.safetensors, config.json, a 100,000-rank tokenizer), loads it
-with `model.checkpoint.load_dual_ar` (first and second load), reports peak GPU memory and KV bytes per session at
-full context, then compares the bf16 model with the fp32 model of the same (bf16-valued) weights on a teacher-forced
-forward over a 1,033-token prompt with semantic frames and on a cached prefill of 1,000 tokens + 32 decode_slow steps.
-Usage: python -m bench.gpu_model_check [--out result.json] [--dry-run]   (dry run: tiny config on CPU)
+Loads a checkpoint folder with `model.checkpoint.load_dual_ar` (first and second load), reports peak GPU memory and
+KV bytes per session at full context, then compares the bf16 model with the fp32 model of the same (bf16-valued)
+weights on a teacher-forced forward over a 1,033-token prompt with semantic frames and on a cached prefill of 1,000
+tokens + 32 decode_slow steps. `passed` says whether every comparison is within TOLERANCE. Without --checkpoint it
+writes a random-weight folder of its own first.
+Usage: python -m bench.gpu_model_check [--checkpoint DIR] [--out result.json] [--dry-run]   (dry run: tiny, CPU)
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from model.weights import write_safetensors
 PROMPT_TOKENS = 1000
 DECODE_STEPS = 32
 TEXT_TOKENS = 232  # the prompt opens with text, the rest is semantic frames (as a reference-voice prompt does)
+# bf16 against fp32, the bounds tests/model/test_gpu.py holds the model to (~2x the error measured on an H200: rel.
+# error 1.8e-2 / 2.1e-2, mean KL 1.8e-3 / 2.1e-3, top-1 0.95 / 0.96 for the token / codebook logits)
+TOLERANCE = {"rel_err_max": 5e-2, "kl_mean_max": 5e-3, "top1_agree_min": 0.85}
 
 
 def write_checkpoint(folder: Path, device: str, tiny: bool) -> float:
@@ -116,11 +120,12 @@ def propose_tolerance(results: dict[str, dict[str, float]]) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true", help="tiny config on CPU (checks the script, not the GPU)")
     ap.add_argument("--ckpt-dir", default=None, help="where to write the random checkpoint (default: a temp dir)")
+    ap.add_argument("--checkpoint", default=None, help="check this folder (bench/make_checkpoint.py's) instead")
     args = ap.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 reference must be real fp32
@@ -128,9 +133,12 @@ def main() -> None:
     result: dict[str, Any] = {"env": environment(), "what": "gpu_model_check", "dry_run": args.dry_run}
     if device == "cuda":
         torch.zeros(1, device=device)  # CUDA context outside the load timings
-    folder = Path(args.ckpt_dir or tempfile.mkdtemp(prefix="fish15_random_"))
-    folder.mkdir(parents=True, exist_ok=True)
-    result["write_checkpoint_s"] = write_checkpoint(folder, device, args.dry_run)
+    if args.checkpoint:
+        folder = Path(args.checkpoint)
+    else:
+        folder = Path(args.ckpt_dir or tempfile.mkdtemp(prefix="fish15_random_"))
+        folder.mkdir(parents=True, exist_ok=True)
+        result["write_checkpoint_s"] = write_checkpoint(folder, device, args.dry_run)
     result["checkpoint_bytes"] = (folder / "model.safetensors").stat().st_size
 
     if device == "cuda":
@@ -181,10 +189,17 @@ def main() -> None:
     result["bf16_vs_fp32"] = agreement
     result["cached_vs_forward"] = consistency
     result["proposed_tolerance"] = propose_tolerance(agreement)
+    result["tolerance"] = TOLERANCE
+    result["passed"] = all(
+        r["rel_err"] <= TOLERANCE["rel_err_max"]
+        and r["kl_mean"] <= TOLERANCE["kl_mean_max"]
+        and r["top1_agree"] >= TOLERANCE["top1_agree_min"]
+        for r in agreement.values()
+    )
     write_json(args.out, result)
 
     print(f"\n== gpu_model_check ({result['env'].get('gpu', device)}, params {n_params / 1e6:.1f} M) ==")
-    print(f"write checkpoint {result['write_checkpoint_s']:.1f} s ({result['checkpoint_bytes'] / 1e9:.2f} GB); "
+    print(f"checkpoint {result['checkpoint_bytes'] / 1e9:.2f} GB; "
           f"load_dual_ar first {loads[0]:.2f} s, second {loads[1]:.2f} s")  # fmt: skip
     if device == "cuda":
         print(f"GPU memory after load {result['gpu_mem_after_load_gib']:.2f} GiB; peak bf16 forward "
@@ -198,7 +213,9 @@ def main() -> None:
         print(f"{name:34s} {r['max_abs_diff']:9.4f} {r['ref_max_abs']:9.3f} {r['rel_err']:10.2e} "
               f"{r['top1_agree']:7.3f} {r['kl_mean']:9.2e} {r['rows']:6d}")  # fmt: skip
     print(f"proposed tolerance: {result['proposed_tolerance']}")
+    print(f"within {TOLERANCE}: {'yes' if result['passed'] else 'NO'}")
+    return 0 if result["passed"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

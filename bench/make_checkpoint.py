@@ -23,12 +23,12 @@ VOICE_FRAMES = 650
 IM_END_ID = 100_004  # official layout: <|im_end|> = len(ranks) + 4
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("refs", type=Path)
     ap.add_argument("--tiny", action="store_true", help="a small model of the same structure (CPU dry run)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out, refs = args.out, args.refs
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,13 +1,14 @@
 """The engine's state through a load level: poll `fishgate serve`'s /metrics and print one row per interval.
 
-Run 17 showed the admitted streams' turn time climbing past a frame *after* the real-time admission had closed,
-and the end-of-level metrics cannot say why. This sampler records, every `--interval-s`, the gauges the admission
-reads (decoding rows, prefill queue, the running turn average, capacity, waiting sessions, behind) and each
-interval's turns: how many, milliseconds per turn by phase, and frames per turn. One JSON object per line, so a
-level's file can be read while it is written.
+End-of-level metrics cannot say when in a level turns grew (e.g. past a frame after the real-time admission had
+closed). This sampler records, every `--interval-s`, the gauges the admission reads (decoding rows, prefill queue,
+the running turn average, capacity, waiting sessions, behind) and each interval's turns: how many, milliseconds per
+turn by phase, and frames per turn. One JSON object per line, so a level's file can be read while it is written.
 
-    python bench/metrics_series.py http://127.0.0.1:7860/metrics --out series.jsonl &   (stop it with a signal)
-    python bench/metrics_series.py --table series.jsonl                                   (the rows as a table)
+    python -m bench.metrics_series http://127.0.0.1:7860/metrics --out series.jsonl &   (stop it with a signal)
+    python -m bench.metrics_series --table series.jsonl                                   (the rows as a table)
+
+bench.gpu runs it through its streams level (OUT_DIR/*/streams_series.jsonl).
 """
 
 from __future__ import annotations

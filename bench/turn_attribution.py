@@ -9,7 +9,9 @@ its prompt to the first frame, decoding and vocoding its first chunk), where the
 turns that held new prompts back (prefill_holds); and the GPU's time a turn on prompts, steps and vocoder calls beside
 what the vocoder's graphs took alone (*_device_seconds, vocode_graph_seconds; CUDA only).
 
-    python bench/turn_attribution.py before.txt after.txt --level 256
+    python -m bench.turn_attribution before.txt after.txt --level 256
+
+bench.gpu prints this split for its streams level.
 """
 
 from __future__ import annotations

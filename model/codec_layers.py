@@ -62,7 +62,7 @@ def _triton_bias(x: torch.Tensor) -> bool:
 # Fold a resblock's conv biases into the passes around them (model.vocoder.ResBlock1): the first conv's bias into the
 # second conv's history join (silu(y + b) as it joins), the second's into the residual add (x + y + b, one kernel).
 # Two fewer passes over the activation per conv pair. "on" (the default) applies where the bias kernel runs
-# (`_triton_bias`). On an H200 (bench/vocoder_variants "+fuse", 64 × 24 frames): channels-last 33.1 → 29.5 ms
+# (`_triton_bias`). On an H200 (64 × 24 frames; docs/archive/benchmark-log.md): channels-last 33.1 → 29.5 ms
 # untuned, 29.9 → 26.5 ms autotuned; default layout 52.2 → 50.2 ms; 1 × 8 frames −0.1 ms in each.
 FUSE_BIAS = "on"
 

@@ -56,7 +56,7 @@ MAX_HEAD_ROWS = 16384  # heads with more outputs (the 102,048-token vocabulary: 
 # rows a product may have inside the compiled regions (the engine compiles buckets of 1-8 rows): each program reads
 # its weight rows once and multiplies them by every row, one row after another. 1: on the H200 the kernels measured
 # slower than inductor and cuBLAS for the few-row buckets (4 rows 3.19 against 3.06 ms, 8 rows 5.45 against 3.46 ms;
-# `bench.step_variants --variants engine_tuned_gemv8_pdl`)
+# docs/archive/benchmark-log.md)
 MAX_ROWS = 1
 KERNEL_MAX_ROWS = 8
 MAX_K_CHUNKS = 4  # pieces a program's weight rows are read in (all of them into registers before any product)

@@ -257,7 +257,7 @@ def test_channels_last_vocoder_graphs_equal_the_default_layout_official(monkeypa
     for channels_last in (False, True):
         got = audio(random_codec("cuda", torch.bfloat16), channels_last)
         rel = float((got - reference).norm() / reference.norm())
-        assert rel <= 5e-2, (channels_last, rel)  # H200 (bench/vocoder_variants): 2.7–2.8 % in both layouts
+        assert rel <= 5e-2, (channels_last, rel)  # H200: 2.7–2.8 % in both layouts
 
 
 @torch.inference_mode()

@@ -82,7 +82,7 @@ def test_every_profile_resolves_by_flag_and_by_environment(name: str) -> None:
 
 
 def test_the_throughput_profile_is_the_measured_300_stream_configuration() -> None:
-    """bench/device_call.sh THROUGHPUT_SERVE_ARGS with run_server_gpu.sh's --max-sessions 512 (docs/BENCHMARKS.md)."""
+    """The settings of every 300-stream figure (bench/gpu.py THROUGHPUT_SERVE_ARGS; docs/BENCHMARKS.md)."""
     settings = parse_settings(["--profile", "throughput"], {})
     backend, limits = settings.backend_config(), settings.worker_limits()
     assert (backend.max_sessions, backend.compile_max_batch, backend.tune_single_row) == (512, 512, False)
