@@ -1,6 +1,7 @@
 """torch.compile of the decode step's repeated regions, switched on around the step only.
 
-A decode step is ~2,400 small kernels on the full-size model (docs/archive/benchmark-log.md); inductor fuses the elementwise ones.
+A decode step is ~2,400 small kernels on the full-size model (docs/archive/benchmark-log.md); inductor fuses the
+elementwise ones.
 Compiling the whole unrolled step took 112 s per (batch, length) bucket and dynamo re-traced it at every start;
 compiling the *regions* the step repeats — one transformer block (24 slow and 4 × 8 fast calls share one compiled
 graph per shape), one sampler, one noise hash — traces each region once per shape. Regions are functions decorated
@@ -54,7 +55,8 @@ _options: dict[str, Any] = {"mode": None, "static_shapes": False}
 # Inductor options of `compiled(..., tuned=True)`: coordinate-descent tuning of every Triton kernel's launch
 # config, and with it inductor's rule that turns a one-row matmul (a GEMV) into a Triton reduction fused with its
 # neighbours (norms, activations, residual adds) instead of a cuBLAS call. The H200's batch-1 decode step went
-# 3.28 → 2.64 ms (993 → 825 kernels) for ~4× the compile time (docs/archive/benchmark-log.md). CPU kernels are unaffected.
+# 3.28 → 2.64 ms (993 → 825 kernels) for ~4× the compile time (docs/archive/benchmark-log.md). CPU kernels are
+# unaffected.
 TUNED_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"coordinate_descent_tuning": True}
 # ...and their kernels launched through Triton's own launcher (tuned_options). With the static launcher (inductor's
 # default), a warm start loads them from the FX graph cache as static autotuners, and torch 2.11 then drops the tuned

@@ -67,7 +67,8 @@ class RMSNorm(nn.Module):
     """Normalise in fp32, cast back, then scale in the model dtype (upstream's order of operations).
 
     F.rms_norm is one fused kernel on CUDA where the spelled-out formula was seven (−0.67 ms per batch-1 decode
-    step on an H200, same greedy frames; docs/archive/benchmark-log.md); it computes x·rsqrt(mean(x²) + eps) like upstream.
+    step on an H200, same greedy frames; docs/archive/benchmark-log.md); it computes x·rsqrt(mean(x²) + eps) like
+    upstream.
     """
 
     def __init__(self, dim: int, eps: float) -> None:

@@ -1,7 +1,8 @@
 """Prefill passes through fixed-address buffers padded to buckets, so that each bucket can replay as one CUDA graph.
 
 An eager prefill pass of the full-size model is ~3,000 kernel launches whatever its size (~120 ms a request on the
-H200, docs/archive/benchmark-log.md). Here a pass is `DualARTransformer.prefill_rows` over the leading block of static buffers
+H200, docs/archive/benchmark-log.md). Here a pass is `DualARTransformer.prefill_rows` over the leading block of
+static buffers
 (tokens, positions, row indices, last-token indices in; logits and fast hidden out), one block shape per
 (rows, chunk, attention length) bucket: one CUDA graph per bucket where graphs are on, the same padded arithmetic run
 eagerly where they are not (CPU, where the tests check it against the plain `prefill_many`).

@@ -29,7 +29,8 @@ SALT_SEED_HI = 0x165667B1
 @torch.library.custom_op("fishgate::cumsum_last_dim", mutates_args=())
 def cumsum_last_dim(x: torch.Tensor) -> torch.Tensor:
     """torch.cumsum over the last dimension, opaque to torch.compile: inductor's split-scan codegen fails on
-    (8, 102048) in torch 2.11 (docs/archive/benchmark-log.md), and ATen's kernel keeps compiled sampling's top-p bitwise eager's."""
+    (8, 102048) in torch 2.11 (docs/archive/benchmark-log.md), and ATen's kernel keeps compiled sampling's top-p
+    bitwise eager's."""
     return torch.cumsum(x, dim=-1)
 
 

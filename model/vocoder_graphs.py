@@ -1,6 +1,7 @@
 """CUDA-graph replay of the streaming vocoder: one graph per (batch bucket, chunk frames), batched across sessions.
 
-Eager decoding of a small chunk costs ~17 ms of launches on an H200 against ~2.7 ms replayed (docs/archive/benchmark-log.md).
+Eager decoding of a small chunk costs ~17 ms of launches on an H200 against ~2.7 ms replayed
+(docs/archive/benchmark-log.md).
 A call with B sessions runs the graph of the smallest bucket ≥ B; the padding rows decode into spare state slots
 that no session owns (slots [n_sessions, n_sessions + padding)), so real streams are untouched. Graphs are captured
 on first use or ahead of time with `capture` (the engine: one-row graphs at warm-up, the rest in idle time, see
