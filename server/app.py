@@ -2,7 +2,9 @@
 
 `/v1/*` needs the API key when one is configured; `/`, static files, `/healthz`, `/readyz` and `/metrics` are
 open. The engine starts with the app (loading, graph capture and warm-up run on its worker thread, so the
-server answers `/readyz` = not ready meanwhile) and stops with it. Endpoint modules contribute `routes()`.
+server answers `/readyz` = not ready meanwhile) and stops with it; with `--engine unix:PATH` the gateway attaches to
+a resident engine process instead (streaming.engine_link) and reports `engine_unavailable` while it cannot reach it.
+Endpoint modules contribute `routes()`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -28,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from streaming.engine import Engine, EngineConfig, EngineState
+from streaming.engine_api import EngineHandle, EngineState
 
 from . import http_api
 from . import live_protocol as proto
@@ -39,6 +42,9 @@ from .params import REFERENCE_SECONDS
 from .settings import Settings
 from .voices import ReferenceLimits, VoiceStore
 from .wire import CLOSE_POLICY, to_wire
+
+if TYPE_CHECKING:
+    from streaming.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +120,8 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
-    engine = engine or Engine(
-        EngineConfig(
-            settings.backend_config(),  # the profile, then the engine flags given (server.settings)
-            settings.worker_limits(),
-            max_queued_chars=settings.max_queued_chars,
-            admission_wait_s=settings.admission_wait_s,
-        )
-    )
+def build_gateway(settings: Settings, engine: EngineHandle | None = None) -> Gateway:
+    engine = engine or build_engine(settings)
 
     def reference_limits() -> ReferenceLimits:
         # the longest reference also depends on the model's context, known once the engine has loaded it
@@ -132,6 +131,30 @@ def build_gateway(settings: Settings, engine: Engine | None = None) -> Gateway:
 
     voices = VoiceStore(settings.resolved_references_dir, engine.encode_reference, reference_limits)
     return Gateway(settings, engine, voices)
+
+
+def build_engine(settings: Settings) -> EngineHandle:
+    """The engine the settings describe: the resident engine process at --engine, else one in this process (only
+    then is torch imported: a gateway attached to a resident engine starts in well under a second)."""
+    if settings.engine is not None:
+        from streaming.engine_link.client import RemoteEngine
+
+        return RemoteEngine(settings.engine)
+    return build_local_engine(settings)
+
+
+def build_local_engine(settings: Settings) -> Engine:
+    """An engine in this process, configured by the settings (`fishgate serve`, `fishgate engine`)."""
+    from streaming.engine import Engine, EngineConfig
+
+    return Engine(
+        EngineConfig(
+            settings.backend_config(),  # the profile, then the engine flags given (server.settings)
+            settings.worker_limits(),
+            max_queued_chars=settings.max_queued_chars,
+            admission_wait_s=settings.admission_wait_s,
+        )
+    )
 
 
 async def live_endpoint(websocket: WebSocket) -> None:
@@ -195,8 +218,7 @@ def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.gateway = gw
-        if gw.engine.state is EngineState.STARTING and not gw.engine._thread.is_alive():
-            gw.engine.start()
+        gw.engine.start()  # a no-op for an engine started already
         watchdog = asyncio.create_task(_watch_engine(gw))
         try:
             yield

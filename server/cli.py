@@ -1,10 +1,12 @@
-"""`fishgate` command line: `serve` (the gateway), `convert` (checkpoint → safetensors), `ttfa` (latency probe
-against any Fish live URL), `synth` (offline one-shot synthesis to a WAV file, through the streaming engine).
+"""`fishgate` command line: `serve` (the gateway), `engine` (a resident engine process that gateways attach to with
+`serve --engine`), `convert` (checkpoint → safetensors), `ttfa` (latency probe against any Fish live URL), `synth`
+(offline one-shot synthesis to a WAV file, through the streaming engine).
 
 The only place that configures logging and process-wide torch settings. `serve` runs uvicorn with a graceful
 drain on SIGTERM/SIGINT: readiness turns false, new sessions are refused, running utterances get `--drain-grace-s`
 to finish, then sockets close (1012) and the process exits. A faulted engine exits with status 3 so a supervisor
-(systemd: `Restart=on-failure`, see docs/fishgate.service) restarts it.
+(systemd: `Restart=on-failure`, see docs/fishgate.service) restarts it. `engine` drains the same way
+(streaming.engine_link.process) and exits 3 on a fault, 2 on a refused configuration or a socket path in use.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from streaming.engine import Engine
+    from streaming.engine_api import EngineHandle
 
     from .settings import Settings
 
@@ -37,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     from .settings import build_parser
 
     build_parser(sub.add_parser("serve", help="run the gateway (API + demo page on one port)"))
+    _add_engine_arguments(
+        sub.add_parser("engine", help="run a resident engine that gateways attach to (serve --engine unix:PATH)")
+    )
     conv = sub.add_parser("convert", help="write safetensors next to a checkpoint's .pth files (zero-copy loads)")
     conv.add_argument("checkpoint", type=Path, help="Fish Speech 1.5 checkpoint folder")
     conv.add_argument("--out", type=Path, default=None, help="write a converted copy here instead")
@@ -49,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "engine":
+        return engine(args)
     if args.command == "convert":
         return convert(args)
     if args.command == "ttfa":
@@ -66,11 +73,11 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
-    """`fishgate serve`; `engine` replaces the one the settings describe (bench/host_ceiling.py)."""
+def serve(args: argparse.Namespace, engine: EngineHandle | None = None) -> int:
+    """`fishgate serve`; `engine` replaces the one the settings describe (a test or benchmark may pass its own)."""
     from .app import build_gateway, create_app
     from .gateway import is_loopback
-    from .settings import settings_from
+    from .settings import engine_settings_given, settings_from
 
     settings = settings_from(args)
     _configure_logging(settings.log_level)
@@ -84,6 +91,8 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
         log.critical("fishgate could not start: %s:%d is in use (%s); stop the other server or pass another --port",
                      settings.host, settings.port, taken)  # fmt: skip
         return EXIT_CONFIG_ERROR
+    if settings.engine is not None and (ignored := engine_settings_given(settings)):
+        log.warning("%s have no effect with --engine: the engine process's own flags set them", ", ".join(ignored))
     gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
     server = _DrainingServer(uvicorn_config(settings, app), gateway)
@@ -97,6 +106,57 @@ def serve(args: argparse.Namespace, engine: Engine | None = None) -> int:
         return EXIT_CONFIG_ERROR
     if gateway.engine.fault is not None:
         log.critical("exiting with status %d: %s", EXIT_ENGINE_FAULT, gateway.engine.fault)
+        return EXIT_ENGINE_FAULT
+    return 0
+
+
+ENGINE_DESCRIPTION = (
+    "A resident engine: owns the model on this device and serves it to the gateways\n"
+    "that attach with `fishgate serve --engine unix:PATH`, so a gateway restarts in\n"
+    "about a second and several gateways share one engine. SIGTERM drains it. Every\n"
+    "setting is also an environment variable FISHGATE_<NAME> (flags win).\n"
+)
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    from .settings import ENGINE_PROCESS_SETTINGS, build_parser
+
+    build_parser(p, only=ENGINE_PROCESS_SETTINGS, description=ENGINE_DESCRIPTION)
+    p.usage = "%(prog)s --listen unix:PATH [--profile latency|throughput] [options]"
+    p.add_argument(
+        "--listen", default=None, metavar="unix:PATH",
+        help="the Unix socket to serve gateways on [default $FISHGATE_ENGINE, the address gateways attach to]",
+    )  # fmt: skip
+
+
+def engine(args: argparse.Namespace) -> int:
+    """`fishgate engine`: claim the socket path, load the engine, serve gateways until SIGTERM (then drain)."""
+    from streaming.engine_link.process import CannotListen, claim_socket
+    from streaming.engine_link.process import serve as serve_engine
+    from streaming.engine_link.protocol import parse_address
+
+    from .app import build_local_engine
+    from .settings import settings_from
+
+    settings = settings_from(args)
+    _configure_logging(settings.log_level)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as in serve: the worker and the link's loop share the GIL
+    log = logging.getLogger("fishgate")
+    listen = args.listen or settings.engine
+    try:
+        if listen is None:
+            raise ValueError("it needs --listen unix:PATH (or FISHGATE_ENGINE)")
+        sock = claim_socket(parse_address(listen))
+    except (ValueError, CannotListen) as e:  # before the model loads: say so at once and hold nothing
+        log.critical("fishgate engine could not start: %s", e)
+        return EXIT_CONFIG_ERROR
+    resident = build_local_engine(settings)
+    asyncio.run(serve_engine(resident, sock, settings.drain_grace_s))
+    if resident.config_error is not None:
+        log.critical("fishgate engine could not start: %s", resident.config_error)
+        return EXIT_CONFIG_ERROR
+    if resident.fault is not None:
+        log.critical("exiting with status %d: %s", EXIT_ENGINE_FAULT, resident.fault)
         return EXIT_ENGINE_FAULT
     return 0
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.requests import HTTPConnection
 
-from streaming.engine import Engine
+from streaming.engine_api import EngineHandle
 from streaming.errors import FishgateError
 from streaming.sampling_defaults import FISH_SAMPLING, SamplingDefaults
 
@@ -99,7 +99,7 @@ class TokenBucket:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, engine: Engine, voices: VoiceStore) -> None:
+    def __init__(self, settings: Settings, engine: EngineHandle, voices: VoiceStore) -> None:
         self.settings = settings
         self.engine = engine
         self.voices = voices

@@ -19,6 +19,7 @@ from typing import Any
 
 from streaming import profiles
 from streaming.config import ADMISSION_WAIT_S, MAX_QUEUED_CHARS, BackendConfig, WorkerLimits
+from streaming.engine_link.protocol import parse_address
 
 ENV_PREFIX = "FISHGATE_"
 ON_OFF: Mapping[str, object] = {"on": True, "off": False}
@@ -90,6 +91,12 @@ class Settings:
     references_dir: Path | None = field(default=None, metadata={"flag": Flag(
         "where stored voices live",
         "engine", shown="~/.cache/fishgate/references")})  # fmt: skip
+    engine: str | None = field(default=None, metadata={"flag": Flag(
+        "attach to a resident engine process (unix:PATH, as given to `fishgate engine --listen`) instead of "
+        "starting one here; its own flags then set the model and engine",
+        "engine", shown="an engine in this process",
+        more=". The gateway restarts in about a second, several gateways share one engine, and while the engine "
+        "cannot be reached /readyz says engine_unavailable and the gateway reconnects by itself")})  # fmt: skip
     batch_invariant: str | None = field(default=None, metadata={"flag": Flag(
         "row-wise kernels so a seeded stream is bitwise the same alone or under load (auto = on for "
         "CPU, off for GPU, where it costs throughput)",
@@ -250,6 +257,21 @@ class Settings:
         return profiles.worker_limits(self.resolved_profile, **engine_overrides(self, "limits"))
 
 
+# What `fishgate engine` takes besides --listen: every setting of the engine itself, and its process's. The rest
+# (address, access, request limits, stored voices) belong to the gateways that attach to it.
+ENGINE_PROCESS_SETTINGS = frozenset(
+    {f.name for f in fields(Settings) if f.metadata["flag"].engine is not None}
+    | {"profile", "compile_cache_dir", "max_queued_chars", "admission_wait_s", "drain_grace_s", "log_level"}
+)
+
+
+def engine_settings_given(settings: Settings) -> list[str]:
+    """The engine-process settings given to a gateway that attaches to a resident engine (they have no effect)."""
+    default = Settings()
+    names = ENGINE_PROCESS_SETTINGS - {"drain_grace_s", "log_level"}
+    return sorted(f"--{n.replace('_', '-')}" for n in names if getattr(settings, n) != getattr(default, n))
+
+
 def flag_of(f: Field[Any]) -> Flag:
     flag = f.metadata["flag"]
     assert isinstance(flag, Flag)
@@ -333,14 +355,19 @@ class _HelpAll(argparse.Action):
         parser.exit()
 
 
-def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def build_parser(
+    parser: argparse.ArgumentParser, only: frozenset[str] | None = None, description: str = DESCRIPTION
+) -> argparse.ArgumentParser:
+    """`fishgate serve`'s flags on `parser`; `only`: just these settings (`fishgate engine`)."""
     parser.usage = "%(prog)s [--profile latency|throughput] [options]"
-    parser.description = DESCRIPTION
+    parser.description = description
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--help-all", action=_HelpAll, help="show every setting, advanced ones included, and exit")
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
     for f in fields(Settings):
+        if only is not None and f.name not in only:
+            continue
         flag = flag_of(f)
         help_text = argparse.SUPPRESS if flag.advanced else _help_text(f, full=False)
         groups[flag.group].add_argument(
@@ -434,6 +461,8 @@ def check(settings: Settings) -> None:
         ((n := number("prefill_graphs_up_front")) is not None and n < 0, "--prefill-graphs-up-front must be 0 "
          "(none) or a number of prompts"),
         ((n := number("graphs_up_front")) is not None and n < 1, "--graphs-up-front must be at least 1, or all"),
+        (s.engine is not None and not _is_unix_address(s.engine), f"--engine must be unix:PATH (the --listen address "
+         f"of `fishgate engine`), not {s.engine!r}"),
     ]  # fmt: skip
     for broken, message in rules:
         if broken:
@@ -443,6 +472,14 @@ def check(settings: Settings) -> None:
         s.worker_limits()
     except (TypeError, ValueError) as e:
         raise SystemExit(f"fishgate: {e}") from None
+
+
+def _is_unix_address(text: str) -> bool:
+    try:
+        parse_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _within(value: float | None, low: float, high: float) -> bool:

@@ -16,10 +16,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 from streaming.audio_out import FISH_SPEED_RANGE, AudioOutput, OutputFormat
-from streaming.engine import Engine
+from streaming.engine_api import EngineHandle
 from streaming.errors import (
     BadReferenceAudio,
     EngineFault,
+    EngineUnavailable,
     FishgateError,
     NotReady,
     Overloaded,
@@ -53,7 +54,7 @@ _EVENT_ERRORS: dict[str, type[FishgateError]] = {
     cls.code: cls
     for cls in (
         TextTooLong, ValueOutOfRange, PromptTooLong, UnknownVoice, BadReferenceAudio, Overloaded, SessionClosed,
-        NotReady, UnsupportedLanguage,
+        NotReady, EngineUnavailable, UnsupportedLanguage,
     )
 }  # fmt: skip
 
@@ -91,16 +92,15 @@ class Synthesis:
         self.audio_samples = 0  # model-rate samples generated so far
 
     @classmethod
-    async def open(cls, engine: Engine, job: SynthesisJob) -> Synthesis:
+    async def open(cls, engine: EngineHandle, job: SynthesisJob) -> Synthesis:
         segments = segment_text(job.text, job.segmenter)
         if not segments:
             raise ValueOutOfRange("the text has nothing to speak (only spaces, punctuation or symbols); send words")
-        for text in segments:  # every segment before any audio: a refusal is an HTTP error, never a cut-off file
-            try:
-                engine.check_text(text)
-            except UnsupportedLanguage as e:
-                log.warning("HTTP synthesis refused: %s", e)
-                raise
+        try:  # every segment before any audio: a refusal is an HTTP error, never a cut-off file
+            await engine.check_texts(segments)
+        except UnsupportedLanguage as e:
+            log.warning("HTTP synthesis refused: %s", e)
+            raise
         rate_hz = engine.info.sample_rate_hz if engine.info is not None else 44_100
         output = AudioOutput(job.output, rate_hz, speed_range=job.speed_range)
         session = await engine.admit(job.voice, job.settings)

@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -38,8 +37,9 @@ from model.vocoder_stream import StreamingDecoder
 from .chunking import all_chunk_sizes, call_groups
 from .config import COMPILE_MAX_BATCH_AUTO, BackendConfig
 from .device_times import DeviceTimes
+from .engine_api import ModelInfo
 from .gc_pauses import freeze_new_objects, freeze_startup_objects
-from .sampling_defaults import FISH_SAMPLING, SamplingDefaults
+from .sampling_defaults import SamplingDefaults
 from .text_support import check_readable
 
 log = logging.getLogger(__name__)
@@ -80,20 +80,6 @@ COMPILE_SYMBOLIC_BATCH_ABOVE = 8
 def default_checkpoint() -> Path:
     """The embedded default model shipped inside the package (model/default_model)."""
     return Path(str(resources.files("model") / "default_model"))
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    name: str
-    untrained: bool  # a random-weight model: its output is noise
-    max_frames_per_char: float | None  # cap on frames per input character (untrained models never stop alone)
-    sample_rate_hz: int
-    samples_per_frame: int
-    num_codebooks: int
-    max_seq_len: int
-    device: str
-    dtype: str
-    sampling: SamplingDefaults = FISH_SAMPLING  # what requests naming no sampling value get
 
 
 class Backend:

@@ -10,20 +10,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import enum
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .admission_queue import AdmissionQueue
-from .backend import Backend, ModelInfo
+from .backend import Backend
 from .config import ADMISSION_WAIT_S, MAX_QUEUED_CHARS, BackendConfig, WorkerLimits
+from .engine_api import EngineState, ModelInfo
 from .errors import AdmissionDeferred, NotReady, Overloaded
 from .gc_pauses import GcPauses, freeze_startup_objects
 from .session import Close, Session, Speak, SynthesisSettings, Voice
@@ -43,14 +43,6 @@ MAX_PENDING_ENCODES = 16
 T = TypeVar("T")
 
 
-class EngineState(enum.Enum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-    FAULTED = "faulted"
-
-
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
@@ -60,7 +52,7 @@ class EngineConfig:
     # Engine.admit: how long a new session waits while the real-time admission defers it (a burst comes in as the
     # capacity estimate grows, turn by turn) before it is refused; 0 refuses at once. At most max_sessions wait.
     admission_wait_s: float = ADMISSION_WAIT_S
-    # what builds the backend on the worker thread (bench/host_ceiling.py swaps in a timed stand-in for the GPU)
+    # what builds the backend on the worker thread (tests swap in stand-ins)
     backend_factory: Callable[[BackendConfig], Backend] = Backend
 
 
@@ -92,7 +84,9 @@ class Engine:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        """Start the worker thread (loading, capture, warm-up); a second call does nothing."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
@@ -229,6 +223,12 @@ class Engine:
         worker = self._worker
         if worker is not None:
             worker.b.check_text(text)
+
+    async def check_texts(self, texts: Sequence[str]) -> None:
+        """check_text for each of `texts` (the gateway's interface, streaming.engine_api: a remote engine answers it
+        in one round trip)."""
+        for text in texts:
+            self.check_text(text)
 
     def _prepare(self, cmd: Speak) -> Speak:
         """Normalise and tokenise a segment's text here, on the caller's thread, instead of in the worker's turn

@@ -12,6 +12,7 @@
     ├── Overloaded                     capacity reached; retry later (HTTP 503 / close 1013)
     ├── SessionClosed                  the session was closed (client gone, stalled too long, shutdown)
     ├── NotReady                       the engine is warming up, draining or faulted (HTTP 503)
+    │   └── EngineUnavailable          a resident engine process is not reachable; the gateway reconnects
     └── EngineFault                    an unexpected failure inside the engine; logged, reported as "internal error"
 
 `server/` maps these to the wire in one place; `str(exc)` of an EngineFault never reaches a client.
@@ -70,6 +71,13 @@ class SessionClosed(FishgateError):
 
 class NotReady(FishgateError):
     code = "not_ready"
+
+
+class EngineUnavailable(NotReady):
+    """The gateway's resident engine (`fishgate serve --engine`) cannot be reached: not started, restarting or
+    dead. Sessions it held end with a fatal SessionError of this code; the gateway reconnects by itself."""
+
+    code = "engine_unavailable"
 
 
 class EngineFault(FishgateError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .audio_in import decode_audio_file
-from .engine import Engine
+from .engine_api import EngineHandle
 from .errors import BadReferenceAudio, FishgateError
 from .segmenter import Segmenter, SegmenterConfig
 from .session import AudioChunk, SessionError, SynthesisSettings, UtteranceDone, Voice
@@ -47,7 +47,7 @@ def segment_text(text: str, config: SegmenterConfig) -> list[str]:
 
 
 async def synthesize(
-    engine: Engine,
+    engine: EngineHandle,
     text: str,
     voice: Voice | None = None,
     settings: SynthesisSettings | None = None,
@@ -85,7 +85,7 @@ async def synthesize(
 
 
 async def reference_voice(
-    engine: Engine, audio_file: bytes, transcript: str, *, min_duration_s: float, max_duration_s: float
+    engine: EngineHandle, audio_file: bytes, transcript: str, *, min_duration_s: float, max_duration_s: float
 ) -> Voice:
     """A Voice from one reference recording (any file libsndfile reads) and its transcript, encoded by the engine."""
     if not transcript.strip():
