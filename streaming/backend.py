@@ -415,7 +415,7 @@ class Backend:
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy KV positions [0, length) of row src into row dst (a cached voice prefix)."""
         self.stepper.cache.move_slot(src, dst, length)
-        self.stepper.pos[dst] = length
+        self.stepper.set_position(dst, length)
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
     def reset_vocoder(self, slot: int) -> None:
