@@ -32,7 +32,7 @@ import numpy as np
 
 TEXT = "Hello there, this is a short sentence for the benchmark."
 WARM_UP_UTTERANCES = 2
-READY_LIMIT_S = 120.0
+READY_LIMIT_S = 300.0  # a full-size model compiles its decode step before ready (~100 s cold on an H100)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -45,11 +45,14 @@ def summary_ms(values_s: list[float]) -> dict[str, Any]:
             "mean": statistics.fmean(ms) if ms else None}  # fmt: skip
 
 
-async def speak_once(engine: Any, seed: int) -> tuple[float, list[tuple[int, int, float]], np.ndarray]:
+async def speak_once(
+    engine: Any, seed: int, frames: int | None = None
+) -> tuple[float, list[tuple[int, int, float]], np.ndarray]:
     """One utterance: (first audio s, [(session id, chunk index, arrival time)], its PCM)."""
     from streaming.session import AudioChunk, SessionError, SynthesisSettings, UtteranceDone, Voice
 
-    session = await engine.admit(Voice(), SynthesisSettings(seed=seed))
+    limit = {} if frames is None else {"max_new_tokens": frames}
+    session = await engine.admit(Voice(), SynthesisSettings(seed=seed, **limit))
     arrivals, pcm = [], []
     t0 = time.monotonic()
     session.speak(TEXT)
@@ -68,12 +71,12 @@ async def speak_once(engine: Any, seed: int) -> tuple[float, list[tuple[int, int
     return arrivals[0][2] - t0, arrivals, np.concatenate(pcm)
 
 
-async def run_side(engine: Any, utterances: int) -> dict[str, Any]:
+async def run_side(engine: Any, utterances: int, frames: int | None) -> dict[str, Any]:
     for i in range(WARM_UP_UTTERANCES):
-        await speak_once(engine, 10_000 + i)
+        await speak_once(engine, 10_000 + i, frames)
     first, arrivals, audio = [], [], []
     for i in range(utterances):
-        f, a, pcm = await speak_once(engine, i)
+        f, a, pcm = await speak_once(engine, i, frames)
         first.append(f)
         arrivals += a
         audio.append(pcm)
@@ -89,7 +92,7 @@ async def in_process(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if not await asyncio.to_thread(engine.wait_ready, READY_LIMIT_S):
             raise RuntimeError(f"the engine did not start: {engine.fault}")
-        out = await run_side(engine, args.utterances)
+        out = await run_side(engine, args.utterances, args.frames)
         out["device"] = engine.info.device if engine.info else "?"
         return out
     finally:
@@ -113,7 +116,7 @@ async def remote(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             if child.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the engine process did not start; see {folder / 'engine.log'}")
             await asyncio.sleep(0.05)
-        out = await run_side(engine, args.utterances)
+        out = await run_side(engine, args.utterances, args.frames)
     finally:
         engine.stop()
         child.send_signal(signal.SIGTERM)
@@ -175,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--utterances", type=int, default=20, help="measured utterances a side (after 2 warm-up ones)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     ap.add_argument("--checkpoint", type=Path, default=None, help="model folder (default: the embedded model)")
+    ap.add_argument(
+        "--frames",
+        type=int,
+        default=None,
+        help="cap each utterance at this many frames (a random-weight "
+        "checkpoint never ends alone; bench.make_checkpoint's needs it)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the gateway's "unreachable" while the engine process starts is expected
     args.out.mkdir(parents=True, exist_ok=True)
