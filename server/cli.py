@@ -7,6 +7,7 @@ drain on SIGTERM/SIGINT: readiness turns false, new sessions are refused, runnin
 to finish, then sockets close (1012) and the process exits. A faulted engine exits with status 3 so a supervisor
 (systemd: `Restart=on-failure`, see docs/fishgate.service) restarts it. `engine` drains the same way
 (streaming.engine_link.process) and exits 3 on a fault, 2 on a refused configuration or a socket path in use.
+`serve --workers N` runs N such gateways and an engine child, and supervises them (server.workers).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import asyncio
 import importlib.util
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
@@ -66,25 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, pid: bool = False) -> None:
+    """The root logger's level and format; `pid`: each line names its process (`serve --workers`' processes share
+    one stream)."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s " + ("[%(process)d] " if pid else "") + "%(name)s: %(message)s",
     )
 
 
 def serve(args: argparse.Namespace, engine: EngineHandle | None = None) -> int:
     """`fishgate serve`; `engine` replaces the one the settings describe (a test or benchmark may pass its own)."""
-    from .app import build_gateway, create_app
     from .gateway import is_loopback
     from .settings import engine_settings_given, settings_from
 
     settings = settings_from(args)
-    _configure_logging(settings.log_level)
-    # The engine's worker thread and the event loop share the GIL; with the default 5 ms switch interval the worker
-    # waits up to 5 ms at every hand-back while hundreds of sockets are busy. A shorter interval keeps the decode
-    # loop fed (measured on the H200 end-to-end run; see docs/BENCHMARKS.md).
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    _configure_logging(settings.log_level, pid=settings.workers > 1)
     log = logging.getLogger("fishgate")
     taken = _address_in_use(settings.host, settings.port)
     if taken is not None:  # before the model loads: say so at once and hold nothing
@@ -93,14 +92,42 @@ def serve(args: argparse.Namespace, engine: EngineHandle | None = None) -> int:
         return EXIT_CONFIG_ERROR
     if settings.engine is not None and (ignored := engine_settings_given(settings)):
         log.warning("%s have no effect with --engine: the engine process's own flags set them", ", ".join(ignored))
+    if not settings.api_key and not is_loopback(settings.host):
+        log.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
+    if settings.workers > 1:
+        if engine is not None:
+            raise ValueError("serve(engine=...) runs one process: --workers must be 1")
+        from .workers import run_workers
+
+        return run_workers(settings)
+    log.info("fishgate serving on http://%s:%d (demo page at /, API under /v1)", settings.host, settings.port)
+    return run_gateway(settings, engine)
+
+
+def run_gateway(
+    settings: Settings,
+    engine: EngineHandle | None = None,
+    listener: socket.socket | None = None,
+    control_fd: int | None = None,
+) -> int:
+    """One gateway process, drained by SIGTERM/SIGINT; its exit status. `listener`: a socket bound for it (else
+    uvicorn binds --host/--port); `control_fd`: a pipe whose end drains it too (server.workers' gateways)."""
+    from .app import build_gateway, create_app
+
+    # The engine's worker thread and the event loop share the GIL; with the default 5 ms switch interval the worker
+    # waits up to 5 ms at every hand-back while hundreds of sockets are busy. A shorter interval keeps the decode
+    # loop fed (measured on the H200 end-to-end run; see docs/BENCHMARKS.md).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    log = logging.getLogger("fishgate")
     gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
     server = _DrainingServer(uvicorn_config(settings, app), gateway)
     gateway.on_fault = server.stop_now
-    log.info("fishgate serving on http://%s:%d (demo page at /, API under /v1)", settings.host, settings.port)
-    if not settings.api_key and not is_loopback(settings.host):
-        log.warning("listening on %s without --api-key: anyone who can reach it can use it", settings.host)
-    server.run()
+    if control_fd is not None:
+        from .workers import on_pipe_end
+
+        on_pipe_end(control_fd, server.request_drain)
+    server.run(None if listener is None else [listener])
     if gateway.engine.config_error is not None:
         log.critical("fishgate could not start: %s", gateway.engine.config_error)
         return EXIT_CONFIG_ERROR
@@ -131,18 +158,24 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 def engine(args: argparse.Namespace) -> int:
     """`fishgate engine`: claim the socket path, load the engine, serve gateways until SIGTERM (then drain)."""
+    from .settings import settings_from
+
+    settings = settings_from(args)
+    _configure_logging(settings.log_level)
+    return run_engine(settings, args.listen or settings.engine)
+
+
+def run_engine(settings: Settings, listen: str | None) -> int:
+    """A resident engine process serving gateways at `listen` until a signal (then drained), or a fault; its exit
+    status (`fishgate engine`, and the engine child of `serve --workers`)."""
     from streaming.engine_link.process import CannotListen, claim_socket
     from streaming.engine_link.process import serve as serve_engine
     from streaming.engine_link.protocol import parse_address
 
     from .app import build_local_engine
-    from .settings import settings_from
 
-    settings = settings_from(args)
-    _configure_logging(settings.log_level)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as in serve: the worker and the link's loop share the GIL
     log = logging.getLogger("fishgate")
-    listen = args.listen or settings.engine
     try:
         if listen is None:
             raise ValueError("it needs --listen unix:PATH (or FISHGATE_ENGINE)")
@@ -163,8 +196,6 @@ def engine(args: argparse.Namespace) -> int:
 
 def _address_in_use(host: str, port: int) -> str | None:
     """Why `host:port` cannot be bound (as uvicorn binds it: SO_REUSEADDR), or None when it can."""
-    import socket
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -193,16 +224,26 @@ class _DrainingServer:
         self.server = Server(config)
         self.gateway = gateway
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.drain_requested = False
 
-    def run(self) -> None:
-        asyncio.run(self._serve())
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.run(self._serve(sockets))
 
-    async def _serve(self) -> None:
+    async def _serve(self, sockets: list[socket.socket] | None) -> None:
         self.loop = asyncio.get_running_loop()
-        await self.server.serve()
+        if self.drain_requested:
+            self.start_drain()
+        await self.server.serve(sockets)
 
     def stop_now(self) -> None:
         self.server.should_exit = True
+
+    def request_drain(self) -> None:
+        """Drain unless already draining (a drain asked for twice is one drain, not a stop). Any thread."""
+        self.drain_requested = True
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(lambda: None if self.gateway.draining.is_set() else self.start_drain())
 
     def start_drain(self) -> None:
         gw = self.gateway

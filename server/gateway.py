@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from starlette.requests import HTTPConnection
 
 from streaming.engine_api import EngineHandle
@@ -76,6 +77,9 @@ class Metrics:
             "fishgate_engine", "engine counters (steps, frames, queues, sessions)", ["what"], registry=r
         )
         self.gpu_memory = Gauge("fishgate_gpu_memory_bytes", "GPU memory allocated by the engine", registry=r)
+        # with `serve --workers N` a scrape reaches one gateway process: its pid says which one answered
+        self.process = Info("fishgate_gateway", "the gateway process that answered this scrape", registry=r)
+        self.process.info({"pid": str(os.getpid())})
 
 
 class TokenBucket:

@@ -162,6 +162,12 @@ class Settings:
     log_level: str = field(default="info", metadata={"flag": Flag(
         "debug | info | warning | error",
         "process")})  # fmt: skip
+    workers: int = field(default=1, metadata={"flag": Flag(
+        "gateway processes serving this port, sharing one engine (a child process, or --engine's)",
+        "process",
+        more=": HTTP, WebSockets and audio encoding on more cores. Linux only. --max-connections and "
+        "--rate-limit-per-min stay the whole server's, shared out among the gateways; a gateway or engine child that "
+        "dies is restarted")})  # fmt: skip
 
     graphs_up_front: int | str | None = field(default=None, metadata={"flag": Flag(
         "capture decode and first-frame graphs only up to this batch bucket before ready; the rest while idle or on "
@@ -461,6 +467,7 @@ def check(settings: Settings) -> None:
         ((n := number("prefill_graphs_up_front")) is not None and n < 0, "--prefill-graphs-up-front must be 0 "
          "(none) or a number of prompts"),
         ((n := number("graphs_up_front")) is not None and n < 1, "--graphs-up-front must be at least 1, or all"),
+        (s.workers < 1, "--workers must be at least 1 (gateway processes)"),
         (s.engine is not None and not _is_unix_address(s.engine), f"--engine must be unix:PATH (the --listen address "
          f"of `fishgate engine`), not {s.engine!r}"),
     ]  # fmt: skip

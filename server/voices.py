@@ -11,7 +11,9 @@ cached the same way. The id `default` is reserved for the model's own voice (no 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import re
 import shutil
 import time
@@ -203,13 +205,24 @@ class VoiceStore:
         return pairs
 
     async def _encode_upstream_folder(self, folder: Path, pairs: list[tuple[Path, Path]]) -> None:
+        """Encode and cache an upstream-layout folder. Another gateway process (`serve --workers`) may do the same
+        at once: each file appears whole (written aside, then renamed), so a reader never sees half of one."""
         refs = []
         for k, (audio, lab) in enumerate(pairs):
             codes, duration_s = await self.encode_inline(await asyncio.to_thread(_read_limited, audio, self._limits()))
-            np.save(folder / f"codes_{k}.npy", codes.astype(np.int16))
+            npy = io.BytesIO()
+            np.save(npy, codes.astype(np.int16))
+            _replace_whole(folder / f"codes_{k}.npy", npy.getvalue())
             text = lab.read_text(encoding="utf-8").strip()
             refs.append({"text": text, "codes": f"codes_{k}.npy", "duration_s": round(duration_s, 3)})
-        (folder / META_FILE).write_text(json.dumps({"references": refs}, ensure_ascii=False))
+        _replace_whole(folder / META_FILE, json.dumps({"references": refs}, ensure_ascii=False).encode())
+
+
+def _replace_whole(path: Path, data: bytes) -> None:
+    """Write `path` through a hidden file beside it, then rename that over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.partial")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _summary(meta: dict) -> dict:

@@ -17,7 +17,7 @@ from streaming.engine import EngineConfig
 
 MAX_HELP_LINES = 140
 MAX_HELP_FLAGS = 27
-RESERVED_FLAGS = 3  # kept free for the options of another issue (engine address, workers, …)
+RESERVED_FLAGS = 2  # kept free for options of other issues (--workers took one of the three)
 OPTION_LINE = re.compile(r"^  (?:-\w, )?(--[a-z][a-z-]*)")
 
 
