@@ -10,6 +10,7 @@ settings' help texts, kept beside their fields.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,8 @@ from typing import Any
 from streaming import profiles
 from streaming.config import ADMISSION_WAIT_S, MAX_QUEUED_CHARS, BackendConfig, WorkerLimits
 from streaming.engine_link.protocol import parse_address
+
+log = logging.getLogger("fishgate")
 
 ENV_PREFIX = "FISHGATE_"
 ON_OFF: Mapping[str, object] = {"on": True, "off": False}
@@ -43,6 +46,21 @@ DESCRIPTION = (
     )
 )
 EPILOG = "--help-all lists every setting (graphs, kernels, scheduling);\ndocs/OPERATIONS.md says what each does."
+# Options earlier versions had, and what became of them (docs/OPERATIONS.md, "Removed options"): a flag is refused
+# with this reason, a FISHGATE_ variable only warned about (an environment file may outlive an upgrade).
+REMOVED_OPTIONS = {
+    "vocoder_merge_padding": "merged vocoder calls measured slower; each chunk length has its own call",
+    "compile_vocoder": "the vocoder's CUDA graphs are faster uncompiled",
+    "vocoder_channels_last": "the GPU vocoder is always channels-last",
+    "vocoder_autotune": "the GPU vocoder uses cuDNN's heuristic kernels",
+    "compile_symbolic_batch_above": "buckets above 8 rows always share a symbolic-batch compilation",
+    "prefill_max_rows": "prefill passes take up to 4 prompts",
+    "prefill_step_share": "a turn's prompt budget is in tokens only",
+    "admission_per_turn": "admission has no per-turn cap",
+    "graph_first_frames": "first frames use CUDA graphs wherever the engine captures graphs",
+    "graph_prefill": "prefill uses CUDA graphs wherever the engine captures graphs",
+    "prefill_hold_for": "prompt holds wait only for latency-low streams",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +397,17 @@ def build_parser(
         groups[flag.group].add_argument(
             "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=_metavar(f), help=help_text
         )
+    for name in REMOVED_OPTIONS:
+        parser.add_argument("--" + name.replace("_", "-"), action=_Removed, nargs="?", help=argparse.SUPPRESS)
     return parser
+
+
+class _Removed(argparse.Action):
+    """A flag of an earlier version: refused with what became of it, instead of argparse's "unrecognized"."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: object, values: object, option: str | None = None):
+        reason = REMOVED_OPTIONS[self.dest]
+        parser.error(f"{option} was removed ({reason}); drop it. docs/OPERATIONS.md, 'Removed options', says why")
 
 
 def _convert(f: Field[Any], raw: str) -> object:
@@ -414,6 +442,9 @@ def _describe(f: Field[Any]) -> str:
 def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
     """Flags win over FISHGATE_* environment variables, which win over the profile and the defaults."""
     environ = dict(os.environ) if environ is None else environ
+    for name, reason in REMOVED_OPTIONS.items():
+        if ENV_PREFIX + name.upper() in environ:
+            log.warning("%s%s is ignored: that option was removed (%s)", ENV_PREFIX, name.upper(), reason)
     values: dict[str, object] = {}
     for f in fields(Settings):
         raw = getattr(args, f.name, None)
