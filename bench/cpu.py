@@ -17,7 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving import ROOT, Server, ServerFailed, Tree, number, run_level, side_by_side, tree_label
+from bench.serving import (
+    Server,
+    ServerFailed,
+    Tree,
+    add_tree_arguments,
+    number,
+    run_level,
+    side_by_side,
+    trees_from,
+)
 
 SERVE_ARGS = ("--device", "cpu", "--max-sessions", "8", "--rate-limit-per-min", "1000000", "--log-level", "warning")
 READY_LIMIT_S = 120.0
@@ -57,18 +66,11 @@ def cells(res: dict[str, Any]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder")
-    ap.add_argument("--label", help="this tree's name in the table (default: its commit, else its folder name)")
-    ap.add_argument("--baseline-tree", type=Path, help="another source tree, measured the same way after this one")
-    ap.add_argument("--baseline-label", help="its name in the table (default: its commit, else its folder name)")
+    add_tree_arguments(ap)
     ap.add_argument("--concurrency", default="1,2", help="comma-separated levels [1,2]")
     ap.add_argument("--requests", type=int, default=10, help="requests a level [10]")
     args = ap.parse_args(argv)
-    trees = [Tree(args.label or tree_label(ROOT), ROOT)]
-    if args.baseline_tree is not None:
-        if not (args.baseline_tree / "server" / "cli.py").is_file():
-            ap.error(f"--baseline-tree {args.baseline_tree} holds no server/cli.py: point it at a fishgate source tree")
-        path = args.baseline_tree.resolve()
-        trees.append(Tree(args.baseline_label or tree_label(path), path))
+    trees = trees_from(args, ap)
     levels = [int(c) for c in args.concurrency.split(",")]
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

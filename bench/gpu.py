@@ -38,6 +38,7 @@ from bench.serving import (
     Server,
     ServerFailed,
     Tree,
+    add_tree_arguments,
     client_env,
     engine_value,
     keep_known,
@@ -46,7 +47,7 @@ from bench.serving import (
     server_flags,
     side_by_side,
     tree_env,
-    tree_label,
+    trees_from,
 )
 from bench.step import FRAME_RATE_HZ
 from bench.turn_attribution import attribution, counters_from_text
@@ -285,9 +286,7 @@ def table(results: list[dict[str, Any]], streams: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder (the checkpoint is reused if it is there)")
-    ap.add_argument("--label", help="this tree's name in the table (default: its commit, else its folder name)")
-    ap.add_argument("--baseline-tree", type=Path, help="another source tree, measured the same way after this one")
-    ap.add_argument("--baseline-label", help="its name in the table (default: its commit, else its folder name)")
+    add_tree_arguments(ap)
     ap.add_argument("--rows", help=f"some of {','.join(ROWS)} (default: all; without restart with a baseline)")
     ap.add_argument("--streams", type=int, default=300, help="concurrent client-default streams [300]")
     ap.add_argument("--waves", type=int, default=2, help="requests each stream's client sends in turn [2]")
@@ -304,12 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU: checks this script, measures nothing")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    trees = [Tree(args.label or tree_label(ROOT), ROOT)]
-    if args.baseline_tree is not None:
-        if not (args.baseline_tree / "server" / "cli.py").is_file():
-            ap.error(f"--baseline-tree {args.baseline_tree} holds no server/cli.py: point it at a fishgate source tree")
-        path = args.baseline_tree.resolve()
-        trees.append(Tree(args.baseline_label or tree_label(path), path))
+    trees = trees_from(args, ap)
     rows = frozenset(args.rows.split(",") if args.rows else set(ROWS) - ({"restart"} if len(trees) > 1 else set()))
     if rows - set(ROWS):
         ap.error(f"--rows: unknown {sorted(rows - set(ROWS))}; choose from {','.join(ROWS)}")

@@ -7,6 +7,7 @@ knows which rows a benchmark reports (bench.gpu, bench.cpu).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -36,6 +37,24 @@ class Tree:
 
     label: str
     path: Path
+
+
+def add_tree_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options that name the trees a command measures: this checkout, and optionally a baseline after it."""
+    ap.add_argument("--label", help="this tree's name in the table (default: its commit, else its folder name)")
+    ap.add_argument("--baseline-tree", type=Path, help="another source tree, measured the same way after this one")
+    ap.add_argument("--baseline-label", help="its name in the table (default: its commit, else its folder name)")
+
+
+def trees_from(args: argparse.Namespace, ap: argparse.ArgumentParser) -> list[Tree]:
+    """This checkout, then the baseline tree if one was given (refused unless it is a fishgate source tree)."""
+    trees = [Tree(args.label or tree_label(ROOT), ROOT)]
+    if args.baseline_tree is not None:
+        if not (args.baseline_tree / "server" / "cli.py").is_file():
+            ap.error(f"--baseline-tree {args.baseline_tree} holds no server/cli.py: point it at a fishgate source tree")
+        path = args.baseline_tree.resolve()
+        trees.append(Tree(args.baseline_label or tree_label(path), path))
+    return trees
 
 
 def tree_env(tree: Path) -> dict[str, str]:
