@@ -18,7 +18,7 @@ import torch
 
 from .backend import Backend, RowSampling, history_is_append
 from .rows import RowTable
-from .stream_state import Stream
+from .stream_state import PrefillJob, Stream
 
 
 class Executor:
@@ -114,16 +114,16 @@ class Executor:
         """Write the next `take` tokens of each stream's prompt in one backend call; the logits and hidden states of
         each prompt's last written position (read by `start_segments` for the prompts that are complete)."""
         rows = [self.rows.row[st.session.id] for st, _ in batch]
-        jobs = [st.prefill for st, _ in batch]
-        assert all(job is not None for job in jobs)
+        jobs: list[PrefillJob] = []
+        for st, _ in batch:
+            assert st.prefill is not None, "only streams with a prompt to write are planned"
+            jobs.append(st.prefill)
         logits, hidden = self.b.prefill_many(
             rows,
-            [job.tokens[:, job.done : job.done + take] for job, (_, take) in zip(jobs, batch, strict=True)],  # type: ignore[union-attr]
-            [job.next_pos for job in jobs],  # type: ignore[union-attr]
+            [job.tokens[:, job.done : job.done + take] for job, (_, take) in zip(jobs, batch, strict=True)],
+            [job.next_pos for job in jobs],
         )
-        for (st, take), row in zip(batch, rows, strict=True):
-            job = st.prefill
-            assert job is not None
+        for (st, take), row, job in zip(batch, rows, jobs, strict=True):
             job.done += take
             if st.prefix is not None and job.start_pos == 0 and job.done >= st.prefix_len and not st.prefix_cached:
                 st.prefix_cached = True

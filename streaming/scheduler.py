@@ -23,7 +23,7 @@ The scheduler writes only its own bookkeeping: the hold clock and each stream's 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .chunking import MIN_REFILL_FRAMES, Latency, refill_size
@@ -69,7 +69,7 @@ class Scheduler:
 
     # ---- prompts -----------------------------------------------------------------------------------------------------
     def plan_prefill(
-        self, queued: Sequence[Stream], streams: Sequence[Stream], active_rows: int, now: float
+        self, queued: Sequence[Stream], streams: Iterable[Stream], active_rows: int, now: float
     ) -> PrefillPlan:
         """The prompt chunks this turn writes: one chunk of each of several queued prompts (boundaries fixed relative
         to each prompt, so KV values never depend on load), up to the turn's token budget, at least one chunk."""
@@ -90,7 +90,7 @@ class Scheduler:
             used += take
         return plan
 
-    def _hold_prefill(self, streams: Sequence[Stream], active_rows: int, now: float) -> bool:
+    def _hold_prefill(self, streams: Iterable[Stream], active_rows: int, now: float) -> bool:
         """Hold new prompts back while a decoding stream's client is nearly dry (its frames come first), for at most
         `prefill_hold_max_s` at a time so that a burst of arrivals still gets in."""
         gate = self.limits.prefill_hold_below_s
@@ -154,7 +154,7 @@ class Scheduler:
         return paced
 
     # ---- audio -------------------------------------------------------------------------------------------------------
-    def plan_vocode(self, streams: Sequence[Stream], now: float) -> VocodePlan:
+    def plan_vocode(self, streams: Iterable[Stream], now: float) -> VocodePlan:
         """The chunks vocoded now: every stream whose queue reached its scheduled size (or the previous size where
         its growth is held), then refills for the driest clients, at most `max_refills_per_turn`."""
         chunks: list[tuple[Stream, int, bool]] = []

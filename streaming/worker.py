@@ -321,8 +321,10 @@ class Worker:
     def _prefill(self) -> None:
         """Write the prompt chunks the scheduler plans; prompts that are complete sample their first frame together
         and join the decode batch."""
+        if not self.prefill_queue:
+            return
         queued = [self.streams[sid] for sid in self.prefill_queue]
-        plan = self.scheduler.plan_prefill(queued, list(self.streams.values()), self.rows.active, time.monotonic())
+        plan = self.scheduler.plan_prefill(queued, self.streams.values(), self.rows.active, time.monotonic())
         if plan.held:
             self.stats.prefill_holds += 1
         if not plan.batch:
@@ -452,7 +454,7 @@ class Worker:
 
     # ---- vocoder -----------------------------------------------------------------------------------------------------
     def _vocode_ready(self) -> None:
-        plan = self.scheduler.plan_vocode(list(self.streams.values()), time.monotonic())
+        plan = self.scheduler.plan_vocode(self.streams.values(), time.monotonic())
         self.stats.refills += plan.refills
         self._vocode(plan.chunks)
 
