@@ -102,7 +102,7 @@ def _conv_time_major(
 # (in channels, kernel, dilation) of decode-path convs that a channels-last decoder runs channels-first, through
 # transposing copies, unless cuDNN autotunes (torch.backends.cudnn.benchmark while the graphs are captured): its
 # heuristic gives the channels-last (256, 7, 5) convs a grouped direct kernel, 183 of the untuned layout's 213 ms at
-# 64 × 24 frames on an H200. With this set the untuned layout runs 33.1 ms (1 × 8: 1.48 ms), against 29.9 ms
+# 64 × 24 frames on an H200. With this set the untuned layout takes 33.1 ms (1 × 8: 1.48 ms), against 29.9 ms
 # autotuned, and captures in under a second a graph instead of 5–16 s.
 CHANNELS_FIRST_CONVS: frozenset[tuple[int, int, int]] = frozenset({(256, 7, 5)})
 
