@@ -84,10 +84,15 @@ async def run_side(engine: Any, utterances: int, frames: int | None) -> dict[str
 
 
 async def in_process(args: argparse.Namespace) -> dict[str, Any]:
-    from streaming.config import BackendConfig
+    # the configuration `fishgate engine` runs (the default profile; its compile cache where the CLI's would be, so
+    # that on a GPU the engine process below starts on the graphs this one compiled)
+    from server.settings import Settings
+    from streaming import profiles
     from streaming.engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(BackendConfig(checkpoint=args.checkpoint, device=args.device, max_sessions=4)))
+    cache = Settings().resolved_compile_cache_dir
+    backend = profiles.backend_config(checkpoint=args.checkpoint, device=args.device, compile_cache_dir=cache)
+    engine = Engine(EngineConfig(backend, profiles.worker_limits()))
     engine.start()
     try:
         if not await asyncio.to_thread(engine.wait_ready, READY_LIMIT_S):

@@ -85,7 +85,7 @@ class Plan:
     client_args: tuple[str, ...]
     rows: frozenset[str]
     step_batches: str
-    streams: int
+    streams: tuple[int, ...]  # one level each, in turn on the same server
     waves: int
     ramp_s: float
     frames: int
@@ -150,27 +150,46 @@ def ttfa_args(plan: Plan, frames: int) -> list[str]:
             "--timeout-s", str(REQUEST_TIMEOUT_S)]  # fmt: skip
 
 
-def measure_streams(plan: Plan, server: Server, tree_out: Path) -> dict[str, Any]:
-    """N client-default streams, with the engine's turns over the level and its /metrics series."""
+def measure_streams(plan: Plan, server: Server, tree_out: Path, streams: int) -> dict[str, Any]:
+    """N client-default streams, with the engine's turns over the level, the CPU the server's processes spent and its
+    /metrics series."""
+    level_out = tree_out / f"streams-{streams}"
     before = server.metrics_text()
     series = subprocess.Popen(
         [sys.executable, "-m", "bench.metrics_series", f"{server.base_url}/metrics", "--out",
-         str(tree_out / "streams_series.jsonl")], cwd=ROOT, env=client_env(),
+         str(level_out / "series.jsonl")], cwd=ROOT, env=client_env(),
     )  # fmt: skip
     request_s = plan.frames / FRAME_RATE_HZ + REQUEST_TIMEOUT_S
+    cpu_before, t0 = server.cpu_seconds(), time.monotonic()
     try:
         summary = run_level(
-            server.live_url, tree_out / "streams", concurrency=plan.streams, requests=plan.streams * plan.waves,
+            server.live_url, level_out, concurrency=streams, requests=streams * plan.waves,
             args=[*ttfa_args(plan, plan.frames), "--ramp-s", str(plan.ramp_s), *plan.client_args],
             timeout_s=min(plan.ramp_s + plan.waves * request_s + 60, plan.left_s()),
         )  # fmt: skip
     finally:
+        wall_s = time.monotonic() - t0
+        cpu_after = server.cpu_seconds()
         series.send_signal(signal.SIGTERM)
         series.wait(timeout=30)
     after = server.metrics_text()
-    (tree_out / "streams_metrics_after.txt").write_text(after)
+    (level_out / "metrics_after.txt").write_text(after)
     turns = attribution(counters_from_text(before), counters_from_text(after))
-    return {"summary": summary, "turns": turns}
+    return {"summary": summary, "turns": turns, "cpu": cpu_use(cpu_before, cpu_after, wall_s, streams)}
+
+
+def cpu_use(before: dict[int, float], after: dict[int, float], wall_s: float, streams: int) -> dict[str, Any]:
+    """CPU the server's processes spent over a level: per stream (cores), and the busiest process's share of a core
+    (near 1.0: that process's event loop bound the level)."""
+    spent = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    total = sum(spent.values())
+    return {
+        "wall_s": round(wall_s, 1),
+        "cpu_s": round(total, 1),
+        "processes": len(spent),
+        "cores_per_stream": round(total / wall_s / streams, 5) if wall_s > 0 else None,
+        "busiest_process_cores": round(max(spent.values(), default=0.0) / wall_s, 2) if wall_s > 0 else None,
+    }
 
 
 def measure_server(plan: Plan, tree: Tree, tree_out: Path, res: dict[str, Any]) -> None:
@@ -198,9 +217,11 @@ def measure_server(plan: Plan, tree: Tree, tree_out: Path, res: dict[str, Any]) 
                 args=ttfa_args(plan, plan.frames), timeout_s=min(180, plan.left_s()),
             )  # fmt: skip
             print(f"[{tree.label}] first audio: {brief(res['first_audio'])}", flush=True)
-        if "streams" in plan.rows and plan.left_s() > plan.ramp_s + plan.frames / FRAME_RATE_HZ + 30:
-            res["streams"] = measure_streams(plan, server, tree_out)
-            print(f"[{tree.label}] {plan.streams} streams: {brief(res['streams']['summary'])}", flush=True)
+        for n in plan.streams if "streams" in plan.rows else ():
+            if plan.left_s() < plan.ramp_s + plan.frames / FRAME_RATE_HZ + 30:
+                break
+            res.setdefault("streams", {})[n] = level = measure_streams(plan, server, tree_out, n)
+            print(f"[{tree.label}] {n} streams: {brief(level['summary'])}, {level['cpu']}", flush=True)
         res["gpu_memory_bytes"] = server.metrics().get("fishgate_gpu_memory_bytes")
         res["slow_turns"] = engine_value(server.metrics(), "slow_turns")
     if "restart" in plan.rows and plan.left_s() > 60:
@@ -234,7 +255,7 @@ def brief(s: dict[str, Any] | None) -> str:
             f"{number(s['ttfa_p95_ms'])} ms, {underran} underran")  # fmt: skip
 
 
-def cells(res: dict[str, Any], streams: int) -> dict[str, str]:
+def cells(res: dict[str, Any]) -> dict[str, str]:
     """One tree's column: row name → cell."""
     out: dict[str, str] = {}
     step = res.get("step")
@@ -256,9 +277,9 @@ def cells(res: dict[str, Any], streams: int) -> dict[str, str]:
             if fa
             else "no result"
         )
-    if "streams" in res:
-        s, t = res["streams"]["summary"], res["streams"]["turns"]
-        name = f"{streams} streams"
+    for n, level in res.get("streams", {}).items():
+        s, t, cpu = level["summary"], level["turns"], level["cpu"]
+        name = f"{n} streams"
         if s:
             out[f"{name}: served"] = f"{s['ok']} / {s['requests']}"
             out[f"{name}: first audio p50 / p95 ms"] = f"{number(s['ttfa_p50_ms'])} / {number(s['ttfa_p95_ms'])}"
@@ -270,6 +291,10 @@ def cells(res: dict[str, Any], streams: int) -> dict[str, str]:
             f"{t['turn_ms']:.1f} = {t['prefill_ms']:.1f} + {t['step_ms']:.1f} + {t['vocode_ms']:.1f} + "
             f"{t['rest_ms']:.1f}"
         )
+        out[f"{name}: server CPU per stream / busiest process (cores)"] = (
+            f"{number(cpu['cores_per_stream'], '{:.4f}')} / {number(cpu['busiest_process_cores'], '{:.2f}')} "
+            f"({cpu['processes']} processes)"
+        )
     if res.get("gpu_memory_bytes"):  # 0 on CPU
         out["GPU memory allocated"] = f"{res['gpu_memory_bytes'] / 1e9:.2f} GB"
     if "restart" in res:
@@ -279,8 +304,8 @@ def cells(res: dict[str, Any], streams: int) -> dict[str, str]:
     return out
 
 
-def table(results: list[dict[str, Any]], streams: int) -> str:
-    return side_by_side([r["label"] for r in results], [cells(r, streams) for r in results])
+def table(results: list[dict[str, Any]]) -> str:
+    return side_by_side([r["label"] for r in results], [cells(r) for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="output folder (the checkpoint is reused if it is there)")
     add_tree_arguments(ap)
     ap.add_argument("--rows", help=f"some of {','.join(ROWS)} (default: all; without restart with a baseline)")
-    ap.add_argument("--streams", type=int, default=300, help="concurrent client-default streams [300]")
+    ap.add_argument("--streams", default="300", help="concurrent client-default streams, levels in turn: 300,500 [300]")
     ap.add_argument("--waves", type=int, default=2, help="requests each stream's client sends in turn [2]")
     ap.add_argument("--ramp-s", type=float, default=9.0, help="the first requests spread over this long [9]")
     ap.add_argument("--frames", type=int, default=200, help="frames a request (200: 9.3 s of audio) [200]")
@@ -303,17 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU: checks this script, measures nothing")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
+    streams = tuple(int(n) for n in args.streams.split(","))
     trees = trees_from(args, ap)
     rows = frozenset(args.rows.split(",") if args.rows else set(ROWS) - ({"restart"} if len(trees) > 1 else set()))
     if rows - set(ROWS):
         ap.error(f"--rows: unknown {sorted(rows - set(ROWS))}; choose from {','.join(ROWS)}")
     base = DEFAULT_SERVE_ARGS if args.settings == "default" else THROUGHPUT_SERVE_ARGS
     if args.tiny:  # the CPU check of this script: a tiny model, no compile, few sessions
-        base = ("--max-sessions", str(max(8, args.streams)))
+        base = ("--max-sessions", str(max(8, *streams)))
     plan = Plan(
         out=args.out.resolve(), device="cpu" if args.tiny else "cuda", serve_args=base,
         extra_serve_args=tuple(args.extra_serve_args.split()), client_args=tuple(args.client_args.split()),
-        rows=rows, step_batches=args.step_batches, streams=args.streams, waves=args.waves, ramp_s=args.ramp_s,
+        rows=rows, step_batches=args.step_batches, streams=streams, waves=args.waves, ramp_s=args.ramp_s,
         frames=args.frames, deadline=t0 + args.limit_s if args.limit_s else None,
         **({"warm_up": (TINY_REQUESTS, args.frames), "first_audio_requests": TINY_REQUESTS} if args.tiny else {}),
     )  # fmt: skip
@@ -326,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["trees"].append(measure_tree(plan, tree, i))
         summary["total_s"] = round(time.monotonic() - t0, 1)
         (plan.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    text = table(summary["trees"], plan.streams)
+    text = table(summary["trees"])
     check = summary["prepare"].get("check")
     if check is not None:
         verdict = "passed" if check["passed"] else "FAILED"

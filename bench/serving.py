@@ -191,6 +191,11 @@ class Server:
             time.sleep(1.0)
         return None
 
+    def cpu_seconds(self) -> dict[int, float]:
+        """CPU seconds (user + system) each live process of the server's process group has spent: its gateways, its
+        engine child, inductor's compile workers. Linux (/proc); empty elsewhere."""
+        return {} if self.proc is None else group_cpu_seconds(self.proc.pid)
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -212,6 +217,21 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def group_cpu_seconds(pgid: int) -> dict[int, float]:
+    """pid → CPU seconds (user + system) of each live process in process group `pgid` (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        # after the command's ")": state ppid pgrp session ... utime (12th) stime (13th)
+        if int(fields[2]) == pgid:
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def run_level(url: str, out_dir: Path, *, concurrency: int, requests: int, args: list[str], timeout_s: float,

@@ -27,8 +27,12 @@ def test_two_trees_are_measured_one_after_the_other_and_shown_side_by_side(tmp_p
         assert t["step"]["batches"][0]["step_call_ms"] > 0 and t["step"]["tree"] == str(ROOT)
         assert t["start"]["ready_s"] > 0 and "restart" not in t  # with a baseline: no restart row
         assert t["flags_dropped"] == []
-        assert t["first_audio"]["ok"] == 2 and t["streams"]["summary"]["ok"] == 2
-        assert t["streams"]["turns"]["turns"] > 0 and Path(t["out"], "streams", "ttfa.json").is_file()
+        assert t["first_audio"]["ok"] == 2 and t["streams"]["2"]["summary"]["ok"] == 2
+        assert (
+            t["streams"]["2"]["turns"]["turns"] > 0
+            and t["streams"]["2"]["cpu"]["cpu_s"] > 0
+            and Path(t["out"], "streams-2", "ttfa.json").is_file()
+        )
     assert trees[0]["start"]["compile_cache"] == "empty"
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("| figure |"))
@@ -56,14 +60,15 @@ def test_the_table_of_a_gpu_run() -> None:
     summary = {"ok": 600, "requests": 600, "ttfa_p50_ms": 109.4, "ttfa_p95_ms": 142.2, "underrun_rate": 0.0,
                "server_first_audio_p50_ms": 14.8}  # fmt: skip
     turns = {"turn_ms": 16.6, "prefill_ms": 4.1, "step_ms": 4.4, "vocode_ms": 6.3, "rest_ms": 1.8}
+    cpu = {"cores_per_stream": 0.00412, "busiest_process_cores": 0.97, "processes": 1}
     gpu = {
         "label": "932177b", "step": {"batches": [{"batch": 1, "graph_ms": 1.446, "step_call_ms": 1.515}]},
         "start": {"ready_s": 145.2, "compile_cache": "empty"}, "first_audio": {**summary, "ttfa_p50_ms": 17.2},
-        "streams": {"summary": summary, "turns": turns}, "gpu_memory_bytes": 28.96e9, "restart": {"ready_s": 35.4},
+        "streams": {300: {"summary": summary, "turns": turns, "cpu": cpu}}, "gpu_memory_bytes": 28.96e9, "restart": {"ready_s": 35.4},
     }  # fmt: skip
     failed = {"label": "old", "step": {"error": "ImportError: x"}, "flags_dropped": ["--vocoder-channels-last"],
               "error": "ServerFailed: the server exited (1):\nlog"}  # fmt: skip
-    lines = table([gpu, failed], 300).splitlines()
+    lines = table([gpu, failed]).splitlines()
     assert lines[0] == "| figure | 932177b | old |"
     assert "| decode step, batch 1: graph replay / `step()` ms | 1.446 / 1.515 | failed: ImportError: x |" in lines
     assert "| settings this server lacks (left out) | - | --vocoder-channels-last |" in lines
@@ -71,6 +76,7 @@ def test_the_table_of_a_gpu_run() -> None:
     assert "| first audio, 1 stream: p50 / p95 ms (server side p50) | 17 / 142 (15) | - |" in lines
     assert "| 300 streams: first audio p50 / p95 ms | 109 / 142 | - |" in lines
     assert "| 300 streams: ms a turn = prefill + step + vocode + rest | 16.6 = 4.1 + 4.4 + 6.3 + 1.8 | - |" in lines
+    assert "| 300 streams: server CPU per stream / busiest process (cores) | 0.0041 / 0.97 (1 processes) | - |" in lines
     assert (
         "| GPU memory allocated | 28.96 GB | - |" in lines
         and "| restart → ready (warm compile cache) | 35 s | - |" in lines
