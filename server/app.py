@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -209,7 +209,7 @@ async def readyz(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     gw.refresh_metrics()
-    return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def create_app(settings: Settings, gateway: Gateway | None = None) -> Starlette:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import HTTPConnection
 
 from streaming.engine_api import EngineHandle
@@ -28,6 +29,9 @@ from .voices import VoiceStore
 # TTFA buckets, seconds: fine below 200 ms where a streaming gateway should live
 FIRST_AUDIO_BUCKETS_S = (0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
+# Set (by `serve --workers N`) to a folder shared by the gateway processes: each writes its metrics there and a scrape
+# of any one of them reports every gateway's (prometheus_client's multiprocess mode, chosen when it is imported)
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def _client_ip(conn: HTTPConnection) -> str:
@@ -57,7 +61,13 @@ class RateLimited(FishgateError):
 
 @dataclass
 class Metrics:
+    """The gateway's Prometheus metrics. Under `serve --workers N` a scrape reaches one gateway process but reports
+    them all: counters and histograms summed over every gateway that ever ran, the live gauges over the living ones,
+    the engine's figures (the same engine for all) as the latest any gateway saw."""
+
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    # what only the process that answers a scrape reports (its pid), kept apart from what is summed
+    own: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -66,20 +76,37 @@ class Metrics:
             buckets=FIRST_AUDIO_BUCKETS_S, registry=r,
         )  # fmt: skip
         self.live_sessions = Gauge(
-            "fishgate_live_sessions", "/v1/tts/live turns in progress (each holds an engine session)", registry=r
-        )
+            "fishgate_live_sessions", "/v1/tts/live turns in progress (each holds an engine session)", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.live_connections = Gauge(
-            "fishgate_live_connections", "open /v1/tts/live connections, idle ones between turns included", registry=r
-        )
+            "fishgate_live_connections", "open /v1/tts/live connections, idle ones between turns included",
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.http_requests = Counter("fishgate_http_synthesis_total", "HTTP synthesis requests", ["api"], registry=r)
         self.errors = Counter("fishgate_errors_total", "errors sent to clients, by code", ["code"], registry=r)
         self.engine = Gauge(
-            "fishgate_engine", "engine counters (steps, frames, queues, sessions)", ["what"], registry=r
-        )
-        self.gpu_memory = Gauge("fishgate_gpu_memory_bytes", "GPU memory allocated by the engine", registry=r)
+            "fishgate_engine", "engine counters (steps, frames, queues, sessions)", ["what"], registry=r,
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.gpu_memory = Gauge(
+            "fishgate_gpu_memory_bytes", "GPU memory allocated by the engine", registry=r,
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.gateways = Gauge("fishgate_gateway_processes", "gateway processes serving this port", registry=r,
+                              multiprocess_mode="livesum")  # fmt: skip
+        self.gateways.set(1)
         # with `serve --workers N` a scrape reaches one gateway process: its pid says which one answered
-        self.process = Info("fishgate_gateway", "the gateway process that answered this scrape", registry=r)
+        self.process = Info("fishgate_gateway", "the gateway process that answered this scrape", registry=self.own)
         self.process.info({"pid": str(os.getpid())})
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets: every gateway process's metrics where they share a folder, else this one's."""
+        registry = self.registry
+        if os.environ.get(MULTIPROCESS_DIR_ENV):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        return generate_latest(registry) + generate_latest(self.own)
 
 
 class TokenBucket:

@@ -40,6 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from prometheus_client import multiprocess
+
+from .gateway import MULTIPROCESS_DIR_ENV
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,7 @@ def run_workers(settings: Settings) -> int:
         log.critical("fishgate could not start: cannot bind %s:%d (%s)", settings.host, settings.port, e.strerror or e)
         return EXIT_CONFIG_ERROR
     runtime: Path | None = None
+    metrics: Path | None = None
     try:
         address = settings.engine
         if address is None:
@@ -118,12 +122,14 @@ def run_workers(settings: Settings) -> int:
                              "set TMPDIR to a shorter folder", address[5:])  # fmt: skip
                 return EXIT_CONFIG_ERROR
         port = reserve.getsockname()[1]  # --port 0: the one the kernel picked, for every gateway
-        supervisor = _Supervisor(settings, address, port, own_engine=runtime is not None)
+        metrics = Path(tempfile.mkdtemp(prefix="fishgate-metrics-"))  # 0700: the gateways' shared metrics
+        supervisor = _Supervisor(settings, address, port, own_engine=runtime is not None, metrics_dir=metrics)
         return supervisor.run()
     finally:
         reserve.close()
-        if runtime is not None:
-            shutil.rmtree(runtime, ignore_errors=True)
+        for folder in (runtime, metrics):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _runtime_base() -> str | None:
@@ -175,9 +181,10 @@ def on_pipe_end(fd: int, action: Callable[[], None]) -> None:
 class _Supervisor:
     """The parent's loop: children started, watched (SIGCHLD wakes it), restarted, stopped in order."""
 
-    def __init__(self, settings: Settings, address: str, port: int, own_engine: bool) -> None:
+    def __init__(self, settings: Settings, address: str, port: int, own_engine: bool, metrics_dir: Path) -> None:
         n = settings.workers
         self.settings = settings
+        self.metrics_dir = metrics_dir  # each gateway's metrics files (prometheus_client's multiprocess mode)
         self.address = address
         self.own_engine = own_engine
         # the limits are the whole server's: each gateway enforces its share (the hash spreads connections about evenly)
@@ -289,6 +296,7 @@ class _Supervisor:
         child.release()
         if child.role == "gateway":
             self.gateways[child.slot] = None
+            multiprocess.mark_process_dead(child.proc.pid, str(self.metrics_dir))  # its live gauges leave the sums
         else:
             self.engine = None
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
@@ -360,7 +368,8 @@ class _Supervisor:
         control_r, control_w = os.pipe()
         try:
             command = [sys.executable, "-m", "server.worker_child", role, str(slot)]
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, pass_fds=(control_r,))
+            env = {**os.environ, MULTIPROCESS_DIR_ENV: str(self.metrics_dir)} if role == "gateway" else None
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, pass_fds=(control_r,), env=env)
         except BaseException:
             os.close(control_w)
             raise

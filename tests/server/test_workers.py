@@ -173,6 +173,29 @@ def test_two_gateways_serve_http_and_live_turns_on_one_port(workers) -> None:
     assert len(result.audio) > 0
 
 
+def test_any_gateway_scraped_reports_every_gateways_metrics(workers) -> None:
+    def scrape() -> tuple[int, float, float]:
+        with httpx.Client(base_url=workers.base, timeout=10) as http:  # a new connection: any gateway may answer
+            text = http.get("/metrics").text
+        pid = int(GATEWAY_PID.findall(text)[0])
+        requests = sum(float(v) for v in re.findall(r'^fishgate_http_synthesis_total\{api="fish"\} (\S+)$', text, re.M))
+        processes = float(re.search(r"^fishgate_gateway_processes (\S+)$", text, re.M).group(1))
+        return pid, requests, processes
+
+    _, before, _ = scrape()
+    answered: set[int] = set()
+    for _ in range(6):  # fresh connections: the kernel spreads them over both gateways
+        with httpx.Client(base_url=workers.base, timeout=60) as http:
+            assert http.post("/v1/tts", json={**TTS, "text": "One."}).status_code == 200
+    for _ in range(40):
+        pid, requests, processes = scrape()
+        answered.add(pid)
+        assert requests == before + 6 and processes == 2  # the same totals whichever gateway answers
+        if len(answered) == 2:
+            break
+    assert len(answered) == 2
+
+
 def test_a_killed_gateway_leaves_the_others_streams_alone_and_is_replaced(workers) -> None:
     gateways = workers.children("gateway")
 
