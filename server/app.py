@@ -2,8 +2,9 @@
 
 `/v1/*` needs the API key when one is configured; `/`, static files, `/healthz`, `/readyz` and `/metrics` are
 open. The engine starts with the app (loading, graph capture and warm-up run on its worker thread, so the
-server answers `/readyz` = not ready meanwhile) and stops with it; with `--engine unix:PATH` the gateway attaches to
-a resident engine process instead (streaming.engine_link) and reports `engine_unavailable` while it cannot reach it.
+server answers `/readyz` = not ready meanwhile) and stops with it; with `--engine ADDRESS` the gateway attaches to
+a resident engine process instead (streaming.engine_link), or to a pool of them (`--engine A,B,…`), and reports
+`engine_unavailable` while it reaches none.
 Endpoint modules contribute `routes()`.
 """
 
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from streaming.engine_api import EngineHandle, EngineState
+from streaming.engine_link.pool import EnginePool
 
 from . import http_api
 from . import live_protocol as proto
@@ -137,9 +139,12 @@ def build_engine(settings: Settings) -> EngineHandle:
     """The engine the settings describe: the resident engine process at --engine, else one in this process (only
     then is torch imported: a gateway attached to a resident engine starts in well under a second)."""
     if settings.engine is not None:
-        from streaming.engine_link.client import RemoteEngine
+        addresses = [a.strip() for a in settings.engine.split(",") if a.strip()]
+        if len(addresses) == 1:
+            from streaming.engine_link.client import RemoteEngine
 
-        return RemoteEngine(settings.engine)
+            return RemoteEngine(addresses[0], token=settings.engine_token)
+        return EnginePool(addresses, token=settings.engine_token)  # several engines: each session to one of them
     return build_local_engine(settings)
 
 
@@ -203,7 +208,10 @@ async def readyz(request: Request) -> JSONResponse:
     gw: Gateway = request.app.state.gateway
     ready = gw.engine.ready and not gw.draining.is_set()
     reason = "draining" if gw.draining.is_set() else gw.engine.state.value
-    return JSONResponse({"ready": ready, "state": reason}, status_code=200 if ready else 503)
+    body: dict[str, object] = {"ready": ready, "state": reason}
+    if isinstance(gw.engine, EnginePool):  # ready while one of its engines is
+        body["engines"] = {"ready": gw.engine.engines_ready, "total": len(gw.engine.engines)}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:

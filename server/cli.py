@@ -6,7 +6,8 @@ The only place that configures logging and process-wide torch settings. `serve` 
 drain on SIGTERM/SIGINT: readiness turns false, new sessions are refused, running utterances get `--drain-grace-s`
 to finish, then sockets close (1012) and the process exits. A faulted engine exits with status 3 so a supervisor
 (systemd: `Restart=on-failure`, see docs/fishgate.service) restarts it. `engine` drains the same way
-(streaming.engine_link.process) and exits 3 on a fault, 2 on a refused configuration or a socket path in use.
+(streaming.engine_link.process) and exits 3 on a fault, 2 on a refused configuration or an address it cannot listen
+on (a socket path or port in use, a TCP address beyond loopback without FISHGATE_ENGINE_TOKEN).
 `serve --workers N` runs N such gateways and an engine child, and supervises them (server.workers).
 """
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     build_parser(sub.add_parser("serve", help="run the gateway (API + demo page on one port)"))
     _add_engine_arguments(
-        sub.add_parser("engine", help="run a resident engine that gateways attach to (serve --engine unix:PATH)")
+        sub.add_parser("engine", help="run a resident engine that gateways attach to (serve --engine ADDRESS)")
     )
     conv = sub.add_parser("convert", help="write safetensors next to a checkpoint's .pth files (zero-copy loads)")
     conv.add_argument("checkpoint", type=Path, help="Fish Speech 1.5 checkpoint folder")
@@ -139,9 +140,10 @@ def run_gateway(
 
 ENGINE_DESCRIPTION = (
     "A resident engine: owns the model on this device and serves it to the gateways\n"
-    "that attach with `fishgate serve --engine unix:PATH`, so a gateway restarts in\n"
-    "about a second and several gateways share one engine. SIGTERM drains it. Every\n"
-    "setting is also an environment variable FISHGATE_<NAME> (flags win).\n"
+    "that attach with `fishgate serve --engine ADDRESS`, so a gateway restarts in\n"
+    "about a second and several gateways share one engine. SIGTERM drains it. A TCP\n"
+    "address beyond loopback needs FISHGATE_ENGINE_TOKEN (its gateways send the same).\n"
+    "Every setting is also an environment variable FISHGATE_<NAME> (flags win).\n"
 )
 
 
@@ -149,10 +151,11 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     from .settings import ENGINE_PROCESS_SETTINGS, build_parser
 
     build_parser(p, only=ENGINE_PROCESS_SETTINGS, description=ENGINE_DESCRIPTION)
-    p.usage = "%(prog)s --listen unix:PATH [--profile latency|throughput] [options]"
+    p.usage = "%(prog)s --listen unix:PATH|tcp:HOST:PORT [--profile latency|throughput] [options]"
     p.add_argument(
-        "--listen", default=None, metavar="unix:PATH",
-        help="the Unix socket to serve gateways on [default $FISHGATE_ENGINE, the address gateways attach to]",
+        "--listen", default=None, metavar="ADDRESS",
+        help="unix:PATH (a Unix socket) or tcp:HOST:PORT (port 0: any free one, logged) to serve gateways on "
+        "[default $FISHGATE_ENGINE, the address gateways attach to]",
     )  # fmt: skip
 
 
@@ -165,26 +168,26 @@ def engine(args: argparse.Namespace) -> int:
     return run_engine(settings, args.listen or settings.engine)
 
 
-def run_engine(settings: Settings, listen: str | None) -> int:
-    """A resident engine process serving gateways at `listen` until a signal (then drained), or a fault; its exit
+def run_engine(settings: Settings, listen_at: str | None) -> int:
+    """A resident engine process serving gateways at `listen_at` until a signal (then drained), or a fault; its exit
     status (`fishgate engine`, and the engine child of `serve --workers`)."""
-    from streaming.engine_link.process import CannotListen, claim_socket
+    from streaming.engine_link.address import parse_address
+    from streaming.engine_link.process import CannotListen, listen
     from streaming.engine_link.process import serve as serve_engine
-    from streaming.engine_link.protocol import parse_address
 
     from .app import build_local_engine
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as in serve: the worker and the link's loop share the GIL
     log = logging.getLogger("fishgate")
     try:
-        if listen is None:
-            raise ValueError("it needs --listen unix:PATH (or FISHGATE_ENGINE)")
-        sock = claim_socket(parse_address(listen))
+        if listen_at is None:
+            raise ValueError("it needs --listen unix:PATH or tcp:HOST:PORT (or FISHGATE_ENGINE)")
+        sock = listen(parse_address(listen_at), settings.engine_token)
     except (ValueError, CannotListen) as e:  # before the model loads: say so at once and hold nothing
         log.critical("fishgate engine could not start: %s", e)
         return EXIT_CONFIG_ERROR
     resident = build_local_engine(settings)
-    asyncio.run(serve_engine(resident, sock, settings.drain_grace_s))
+    asyncio.run(serve_engine(resident, sock, settings.drain_grace_s, settings.engine_token))
     if resident.config_error is not None:
         log.critical("fishgate engine could not start: %s", resident.config_error)
         return EXIT_CONFIG_ERROR

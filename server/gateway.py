@@ -32,6 +32,13 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 # Set (by `serve --workers N`) to a folder shared by the gateway processes: each writes its metrics there and a scrape
 # of any one of them reports every gateway's (prometheus_client's multiprocess mode, chosen when it is imported)
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Each engine's figures of a pool that /metrics shows by address (fishgate_engine_replica): whether it takes sessions,
+# its sessions and headroom, its real-time admission, its utterances' way to first audio (sums: ÷ utterances)
+REPLICA_SERIES = (
+    "ready", "link_up", "model_refused", "sessions", "gateway_sessions", "headroom", "decoding",
+    "admission_capacity", "admission_waiting", "behind_real_time", "turn_avg_seconds", "first_audio_utterances",
+    "first_audio_wait_seconds", "first_audio_prefill_seconds", "first_audio_decode_seconds",
+)  # fmt: skip
 
 
 def _client_ip(conn: HTTPConnection) -> str:
@@ -93,6 +100,12 @@ class Metrics:
             "fishgate_gpu_memory_bytes", "GPU memory allocated by the engine", registry=r,
             multiprocess_mode="mostrecent",
         )  # fmt: skip
+        # with a pool of engines (serve --engine A,B,…) each one's, by address; fishgate_engine has the pool's totals
+        self.engine_replica = Gauge(
+            "fishgate_engine_replica", "each engine of a pool: its state and counters", ["engine", "what"],
+            registry=r, multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.replica_series: set[tuple[str, str]] = set()  # the labels set last time: a departed engine's are removed
         self.gateways = Gauge("fishgate_gateway_processes", "gateway processes serving this port", registry=r,
                               multiprocess_mode="livesum")  # fmt: skip
         self.gateways.set(1)
@@ -219,7 +232,25 @@ class Gateway:
 
     # ---- metrics --------------------------------------------------------------------------------------------------
     def refresh_metrics(self) -> None:
-        for what, value in self.engine.stats().items():
+        stats = self.engine.stats()
+        for what, value in stats.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self.metrics.engine.labels(what=what).set(value)
         self.metrics.gpu_memory.set(self.engine.gpu_memory_bytes())
+        engines = stats.get("engines")
+        if isinstance(engines, dict):
+            self._refresh_replicas(engines)
+
+    def _refresh_replicas(self, engines: dict[str, dict[str, object]]) -> None:
+        """fishgate_engine_replica{engine=ADDRESS, what=…}: REPLICA_SERIES of each engine of a pool."""
+        m = self.metrics
+        now: set[tuple[str, str]] = set()
+        for address, stats in engines.items():
+            for what in REPLICA_SERIES:
+                value = stats.get(what)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    m.engine_replica.labels(engine=address, what=what).set(value)
+                    now.add((address, what))
+        for engine, what in m.replica_series - now:
+            m.engine_replica.remove(engine, what)
+        m.replica_series = now

@@ -20,7 +20,7 @@ from typing import Any
 
 from streaming import profiles
 from streaming.config import ADMISSION_WAIT_S, MAX_QUEUED_CHARS, BackendConfig, WorkerLimits
-from streaming.engine_link.protocol import parse_address
+from streaming.engine_link.address import TcpAddress, parse_addresses
 
 log = logging.getLogger("fishgate")
 
@@ -110,11 +110,19 @@ class Settings:
         "where stored voices live",
         "engine", shown="~/.cache/fishgate/references")})  # fmt: skip
     engine: str | None = field(default=None, metadata={"flag": Flag(
-        "attach to a resident engine process (unix:PATH, as given to `fishgate engine --listen`) instead of "
-        "starting one here; its own flags then set the model and engine",
+        "attach to a resident engine process (unix:PATH or tcp:HOST:PORT, as given to `fishgate engine --listen`; "
+        "several, comma-separated, make a pool) instead of starting one here; its own flags then set the model and "
+        "engine",
         "engine", shown="an engine in this process",
         more=". The gateway restarts in about a second, several gateways share one engine, and while the engine "
-        "cannot be reached /readyz says engine_unavailable and the gateway reconnects by itself")})  # fmt: skip
+        "cannot be reached /readyz says engine_unavailable and the gateway reconnects by itself. A pool sends each "
+        "new session to the engine with most headroom and is ready while one of its engines is")})  # fmt: skip
+    engine_token: str | None = field(default=None, repr=False, metadata={"flag": Flag(
+        "the engine link's shared secret: `fishgate engine` serves only gateways that send it, and needs one to "
+        "listen beyond loopback",
+        "access", advanced=True, secret=True,
+        more="; set the same on the engine and its gateways, preferably as the variable (a flag shows in "
+        "ps)")})  # fmt: skip
     batch_invariant: str | None = field(default=None, metadata={"flag": Flag(
         "row-wise kernels so a seeded stream is bitwise the same alone or under load (auto = on for "
         "CPU, off for GPU, where it costs throughput)",
@@ -286,13 +294,14 @@ class Settings:
 ENGINE_PROCESS_SETTINGS = frozenset(
     {f.name for f in fields(Settings) if f.metadata["flag"].engine is not None}
     | {"profile", "compile_cache_dir", "max_queued_chars", "admission_wait_s", "drain_grace_s", "log_level"}
+    | {"engine_token"}  # the link's secret: the engine checks it, its gateways send it
 )
 
 
 def engine_settings_given(settings: Settings) -> list[str]:
     """The engine-process settings given to a gateway that attaches to a resident engine (they have no effect)."""
     default = Settings()
-    names = ENGINE_PROCESS_SETTINGS - {"drain_grace_s", "log_level"}
+    names = ENGINE_PROCESS_SETTINGS - {"drain_grace_s", "log_level", "engine_token"}
     return sorted(f"--{n.replace('_', '-')}" for n in names if getattr(settings, n) != getattr(default, n))
 
 
@@ -499,8 +508,8 @@ def check(settings: Settings) -> None:
          "(none) or a number of prompts"),
         ((n := number("graphs_up_front")) is not None and n < 1, "--graphs-up-front must be at least 1, or all"),
         (s.workers < 1, "--workers must be at least 1 (gateway processes)"),
-        (s.engine is not None and not _is_unix_address(s.engine), f"--engine must be unix:PATH (the --listen address "
-         f"of `fishgate engine`), not {s.engine!r}"),
+        (s.engine is not None and not _are_engine_addresses(s.engine), "--engine must be unix:PATH or tcp:HOST:PORT "
+         f"(the --listen address of `fishgate engine`; several comma-separated), not {s.engine!r}"),
     ]  # fmt: skip
     for broken, message in rules:
         if broken:
@@ -512,12 +521,13 @@ def check(settings: Settings) -> None:
         raise SystemExit(f"fishgate: {e}") from None
 
 
-def _is_unix_address(text: str) -> bool:
+def _are_engine_addresses(text: str) -> bool:
+    """Addresses a gateway can attach to: each unix:PATH or tcp:HOST:PORT with a port (not 0)."""
     try:
-        parse_address(text)
+        addresses = parse_addresses(text)
     except ValueError:
         return False
-    return True
+    return all(not isinstance(a, TcpAddress) or a.port > 0 for a in addresses)
 
 
 def _within(value: float | None, low: float, high: float) -> bool:

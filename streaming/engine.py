@@ -206,6 +206,24 @@ class Engine:
         """Sessions waiting in admit() now."""
         return len(self._admission)
 
+    def headroom(self) -> int:
+        """How many more sessions this engine would take now, by its own admission's judgement (any thread; a few
+        reads): its free session slots, less those waiting in admit(); with the real-time admission on and measured,
+        at most the streams its capacity estimate allows beyond those with work (0 while it is behind real time).
+        0 unless ready. A pool of engines routes new sessions by it (streaming.engine_link.pool)."""
+        worker = self._worker
+        if self.state is not EngineState.READY or worker is None:
+            return 0
+        sessions = len(self._sessions)
+        room = self.capacity - sessions - self.admission_waiting
+        admission = worker.admission
+        if admission.capacity_limit_s is not None and admission.turn_avg_s > 0:  # an estimate exists
+            if admission.behind_now():
+                return 0
+            allowed = int(admission.capacity() or 0) - (sessions - worker.idle_streams)
+            room = min(room, allowed - self.admission_waiting)
+        return max(0, room)
+
     def _send(self, cmd: object) -> None:
         if isinstance(cmd, Speak):
             cmd = self._prepare(cmd)
@@ -341,6 +359,7 @@ class Engine:
             # streams with work that --admission-turn-fraction's limit allows, estimated from the last turns (0: none)
             "admission_capacity": round(w.admission.capacity() or 0.0, 1),
             "admission_waiting": self.admission_waiting,  # sessions waiting in admit() for the capacity to grow
+            "headroom": self.headroom(),  # sessions it would take now (what a pool of engines routes by)
             # graphs still to be captured in idle time; until 0, a burst may pay captures inside its turns
             "graphs_missing": w.b.graphs_missing,
             # start-up by phase (load_weights, capture_graphs — decode graphs and their compiles, split into

@@ -20,11 +20,13 @@ from typing import Any
 from ..engine_api import EngineState, ModelInfo
 from ..errors import EngineUnavailable, Overloaded
 from ..session import Cancel, Close, EndUtterance, Event, Session, SessionError, Speak
+from .auth import REFUSED_FIX
 from .protocol import (
     EVENT_OPS,
     PROTOCOL_VERSION,
     FrameDecoder,
     LinkBroken,
+    LinkRefused,
     Op,
     error_of,
     event_of,
@@ -93,12 +95,22 @@ class Link:
         self.welcomed = False
         self.lost: str | None = None  # why the link ended
         self.remote_state = EngineState.STARTING
+        # the engine's headroom (Engine.headroom) as of its last STATUS, and this gateway's admits it cannot have
+        # counted yet: those in flight, and those answered since that STATUS (a STATUS after a RESULT counts it)
+        self.reported_headroom = 0
+        self.admits_in_flight = 0
+        self.admits_unreported = 0
         self.sessions: dict[int, RemoteSession] = {}
         # call id → (future, what turns the result into the value, what undoes a result nobody awaits any more)
         self.calls: dict[int, tuple[asyncio.Future[Any], Callable[[Any], Any], Callable[[Any], None] | None]] = {}
         self._call_ids = itertools.count(1)
         self._acks: collections.Counter[int] = collections.Counter()
         self._acks_scheduled = False
+
+    @property
+    def headroom(self) -> int:
+        """The engine's last reported headroom less this gateway's admits it has not counted yet."""
+        return max(0, self.reported_headroom - self.admits_in_flight - self.admits_unreported)
 
     # ---- sending -----------------------------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -168,6 +180,8 @@ class Link:
                     self._dispatch(message)
         except TimeoutError:
             why = f"the engine sent nothing for {LINK_SILENCE_S:.0f} s"
+        except LinkRefused as e:
+            why = str(e)
         except LinkBroken as e:
             why = f"the engine broke the link's protocol ({e})"
         except ConnectionError as e:
@@ -188,6 +202,8 @@ class Link:
                 session.deliver(ev)
         elif op == Op.STATUS:
             self.remote_state = EngineState(m[1])
+            self.reported_headroom = int(m[2])
+            self.admits_unreported = 0
         elif op in (Op.RESULT, Op.FAILURE):
             self._answered(m)
         elif op == Op.STATS:
@@ -195,14 +211,16 @@ class Link:
         elif op == Op.INFO:
             self.view.info = unpack_info(m[1])
         elif op == Op.WELCOME:
-            _, version, info, capacity, max_queued_chars, state = m
-            if version != PROTOCOL_VERSION:
-                raise LinkBroken(f"the engine speaks protocol {version}, this gateway {PROTOCOL_VERSION}: run one "
+            if m[1] != PROTOCOL_VERSION:
+                raise LinkBroken(f"the engine speaks protocol {m[1]}, this gateway {PROTOCOL_VERSION}: run one "
                                  "fishgate version on both sides")  # fmt: skip
+            _, _, info, capacity, max_queued_chars, state = m
             self.view.info = unpack_info(info) or self.view.info
             self.view.capacity, self.view.max_queued_chars = capacity, max_queued_chars
             self.remote_state = EngineState(state)
             self.welcomed = True
+        elif op == Op.REFUSED:
+            raise LinkRefused(f"{m[1]}: {REFUSED_FIX}")
         else:
             raise LinkBroken(f"unknown message {op!r}")
 

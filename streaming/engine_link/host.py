@@ -1,7 +1,10 @@
-"""The engine side of the link: one `Engine` served to any number of gateway connections (`EngineHost`).
+"""The engine side of the link: one `Engine` served to any number of gateway connections (`EngineHost`), on a Unix
+socket or TCP.
 
-Each connection (`_Connection`) owns the sessions its gateway opened. The gateway's commands become the same Session
-calls an in-process server makes, on this event loop; each session's events go back through one pump task. The
+A connection is read only for its HELLO (small frames, HELLO_TIMEOUT_S) until it is welcomed: a wrong protocol version
+gets a WELCOME that says so and the connection closes; a wrong or missing token (when the host has one) gets REFUSED and
+closes. Each connection (`_Connection`) owns the sessions its gateway opened. The gateway's commands become the same
+Session calls an in-process server makes, on this event loop; each session's events go back through one pump task. The
 engine's back-pressure stays meaningful: a pump takes audio off its session without counting it read
 (`consumed_samples`), and the gateway's ACKs count it once the gateway's clients have read it, so the worker's
 `undelivered_samples` limit sees those clients. Pumps wait while their connection's send buffer is above
@@ -14,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FishgateError, Overloaded, SessionClosed
 from ..session import AudioChunk, Session, SessionError
+from .auth import REFUSED_TOKEN, RefusalLog, token_matches
 from .protocol import (
+    HELLO_MAX_FRAME_BYTES,
+    MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     STATS_INTERVAL_S,
     STATUS_INTERVAL_S,
@@ -34,6 +41,7 @@ from .protocol import (
     unpack_settings,
     unpack_voice,
 )
+from .sockets import address_of, tune
 
 if TYPE_CHECKING:
     from ..engine import Engine  # torch: loaded by the CLI once the socket path is claimed
@@ -46,23 +54,39 @@ LINK_READ_BYTES = 256 * 2**10
 LINK_HIGH_WATER_BYTES = 2**20
 # Calls (admits, reference encodes, text checks) one gateway may have in flight; more are refused (Overloaded).
 MAX_CALLS_IN_FLIGHT = 1024
+# A connection that has not sent its HELLO after this long is closed (a port scanner, a stuck peer).
+HELLO_TIMEOUT_S = 10.0
 _gateway_numbers = itertools.count(1)
 
 
 class EngineHost:
-    """Serves `engine` to gateways: pass `handle` to asyncio.start_unix_server and run `tick_forever` beside it."""
+    """Serves `engine` to gateways: `await start_serving(sock)` (or pass `handle` to asyncio's start_server /
+    start_unix_server) and run `tick_forever` beside it. With a `token`, only gateways that send it are served."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, token: str | None = None) -> None:
         self.engine = engine
+        self.token = token or None
+        self.refusals = RefusalLog()
+        self.bound_address: str | None = None  # `unix:PATH` or `tcp:HOST:PORT` (the real port), once serving
         self._connections: set[_Connection] = set()
         self._info_sent = False
 
     @property
     def gateways(self) -> int:
-        return len(self._connections)
+        return len([c for c in self._connections if c.welcomed])
+
+    async def start_serving(self, sock: socket.socket) -> asyncio.Server:
+        """Serve gateways on the listening `sock` (Unix or TCP); `bound_address` then names it."""
+        if sock.family == socket.AF_UNIX:
+            server = await asyncio.start_unix_server(self.handle, sock=sock)
+        else:
+            server = await asyncio.start_server(self.handle, sock=sock)
+        self.bound_address = address_of(sock)
+        return server
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(self.engine, reader, writer)
+        tune(writer.get_extra_info("socket"))
+        conn = _Connection(self, reader, writer)
         self._connections.add(conn)
         try:
             await conn.run()
@@ -88,7 +112,11 @@ class EngineHost:
         if not self._info_sent and engine.info is not None:
             self._info_sent = True
             self.broadcast(frame([Op.INFO, pack_info(engine.info)]))
-        self.broadcast(frame([Op.STATUS, engine.state.value]))
+        self.broadcast(self.status_frame())
+
+    def status_frame(self) -> bytes:
+        engine = self.engine
+        return frame([Op.STATUS, engine.state.value, engine.headroom()])
 
     def broadcast(self, data: bytes) -> None:
         for conn in self._connections:
@@ -104,8 +132,9 @@ class EngineHost:
 class _Connection:
     """One gateway's connection: its sessions, their pumps, its calls in flight."""
 
-    def __init__(self, engine: Engine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.engine = engine
+    def __init__(self, host: EngineHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.host = host
+        self.engine = host.engine
         self.reader = reader
         self.writer = writer
         self.name = f"gateway-{next(_gateway_numbers)}"
@@ -117,14 +146,27 @@ class _Connection:
         writer.transport.set_write_buffer_limits(high=LINK_HIGH_WATER_BYTES)
 
     async def run(self) -> None:
-        decoder = FrameDecoder()
+        decoder = FrameDecoder(HELLO_MAX_FRAME_BYTES)  # raised once welcomed
+        hello_by = asyncio.get_running_loop().time() + HELLO_TIMEOUT_S
         try:
-            while data := await self.reader.read(LINK_READ_BYTES):
+            while not self.closed:
+                async with asyncio.timeout_at(None if self.welcomed else hello_by):
+                    data = await self.reader.read(LINK_READ_BYTES)
+                if not data:
+                    break
                 for message in decoder.feed(data):
+                    if not self.welcomed and message[0] != Op.HELLO:
+                        raise LinkBroken(f"message {message[0]!r} before HELLO")
                     self._dispatch(message)
+                    if self.closed:
+                        break
+                    if self.welcomed:
+                        decoder.max_frame_bytes = MAX_FRAME_BYTES
         except (LinkBroken, LookupError, TypeError, ValueError) as e:  # a message of the wrong shape
             log.warning("%s broke the engine link's protocol (%s: %s); closing its connection", self.name,
                         type(e).__name__, e)  # fmt: skip
+        except TimeoutError:
+            log.warning("%s sent no HELLO within %.0f s; closing its connection", self.name, HELLO_TIMEOUT_S)
         except ConnectionError:
             pass  # the gateway vanished: the same as its EOF
         finally:
@@ -166,7 +208,8 @@ class _Connection:
             self._call(m[1], m[2], m[3])
             return
         if op == Op.HELLO:
-            self._welcome(m[1], m[2] if len(m) > 2 else "")
+            if not self.welcomed:
+                self._hello(m[1], m[2] if len(m) > 2 else "", m[3] if len(m) > 3 else None)
             return
         session = self.sessions.get(m[1])
         if op == Op.CLOSE:
@@ -196,15 +239,26 @@ class _Connection:
             # in-process these raise to the caller; over the link the caller is gone, so its utterance hears of it
             session.deliver(SessionError(e.code, str(e), utt))
 
-    def _welcome(self, version: int, name: str) -> None:
+    def _hello(self, version: int, name: str, token: object) -> None:
+        peer = self.writer.get_extra_info("peername")
         if name:
             self.name = f"{self.name} ({name})"
+        engine = self.engine
         if version != PROTOCOL_VERSION:
             log.error("%s speaks engine-link protocol %s, this engine %d: run one fishgate version on both sides",
                       self.name, version, PROTOCOL_VERSION)  # fmt: skip
-        engine = self.engine
+            # WELCOME's layout is every version's: the gateway reads this engine's version and says so; no more
+            self.send(frame([Op.WELCOME, PROTOCOL_VERSION, None, 0, 0, engine.state.value]))
+            self.close()
+            return
+        if not token_matches(self.host.token, token):
+            self.host.refusals.note(f"{self.name} at {peer or 'a local socket'}")
+            self.send(frame([Op.REFUSED, REFUSED_TOKEN]))
+            self.close()
+            return
         self.send(frame([Op.WELCOME, PROTOCOL_VERSION, pack_info(engine.info), engine.capacity,
                          engine.config.max_queued_chars, engine.state.value]))  # fmt: skip
+        self.send(self.host.status_frame())  # its headroom now, not at the next tick
         self.welcomed = True
         log.info("%s attached (%d sessions open on the engine)", self.name, engine.open_sessions)
 

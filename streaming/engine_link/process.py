@@ -1,12 +1,11 @@
-"""The resident engine process (`fishgate engine --listen unix:PATH`): claim the socket path, start the engine,
-serve gateways until a signal, drain, stop.
+"""The resident engine process (`fishgate engine --listen unix:PATH|tcp:HOST:PORT`): serve gateways on the socket
+that streaming.engine_link.sockets claimed, start the engine, serve until a signal, drain, stop.
 
-The path: one where nobody accepts (a killed engine's leftover) is taken over; a live engine there, or a file that is
-not a socket, is refused with `CannotListen` before any model loads. The socket listens before the engine has loaded,
-so gateways attach at once and report `starting` until it is ready. SIGTERM/SIGINT: the engine admits no new sessions
-(gateways turn not ready), running utterances get `drain_grace_s` to finish, then every connection closes and the
-engine stops; a second signal stops at once. A faulted engine (or one whose configuration was refused) stops serving;
-the CLI turns the engine's `fault` / `config_error` into the exit status.
+The socket listens before the engine has loaded, so gateways attach at once and report `starting` until it is ready; its
+real address (a TCP port 0 becomes the kernel's pick) is logged and is `EngineHost.bound_address`. SIGTERM/SIGINT: the
+engine admits no new sessions (gateways turn not ready), running utterances get `drain_grace_s` to finish, then every
+connection closes and the engine stops; a second signal stops at once. A faulted engine (or one whose configuration was
+refused) stops serving; the CLI turns the engine's `fault` / `config_error` into the exit status.
 """
 
 from __future__ import annotations
@@ -24,60 +23,25 @@ from typing import TYPE_CHECKING
 
 from ..engine_api import EngineState
 from .host import EngineHost
+from .sockets import CannotListen, claim_socket, listen
+
+__all__ = ["CannotListen", "claim_socket", "listen", "serve"]  # the claiming functions live in .sockets
 
 if TYPE_CHECKING:
     from ..engine import Engine  # torch: loaded by the CLI once the socket path is claimed
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 1.0  # a live engine accepts at once; a full backlog this long also counts as live
-LISTEN_BACKLOG = 128
 WATCH_INTERVAL_S = 0.1  # how often the process checks for a fault, a finished drain, a stop
 
 
-class CannotListen(Exception):
-    """The socket path is in use by a live engine, is not a socket, or cannot be bound: the engine process does not
-    start."""
-
-
-def claim_socket(path: Path) -> socket.socket:
-    """A listening Unix socket at `path`, taking over a stale one (nobody accepts there); CannotListen if a live engine
-    answers there, the path is something else, or it cannot be bound."""
-    if path.is_socket():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(PROBE_TIMEOUT_S)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # stale: the engine that bound it is gone
-            log.info("took over the stale socket unix:%s (nobody accepted there)", path)
-        except OSError as e:
-            raise CannotListen(f"unix:{path} is in use and does not answer ({e.strerror or e}); stop what holds it or "
-                               "pass another --listen") from None  # fmt: skip
-        else:
-            raise CannotListen(f"an engine is already listening on unix:{path}; stop it first or pass another --listen")
-        finally:
-            probe.close()
-    elif path.exists() or path.is_symlink():
-        raise CannotListen(f"{path} exists and is not a socket; remove it or pass another --listen")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-    except OSError as e:
-        sock.close()
-        raise CannotListen(f"cannot listen on unix:{path}: {e.strerror or e}") from None
-    sock.listen(LISTEN_BACKLOG)
-    return sock
-
-
-async def serve(engine: Engine, sock: socket.socket, drain_grace_s: float) -> None:
-    """Start `engine` and serve it on `sock` until a signal (drained) or a fault; then stop it and remove the
-    socket's path."""
-    path = Path(sock.getsockname())
-    inode = path.stat().st_ino
-    host = EngineHost(engine)
-    server = await asyncio.start_unix_server(host.handle, sock=sock)
+async def serve(engine: Engine, sock: socket.socket, drain_grace_s: float, token: str | None = None) -> None:
+    """Start `engine` and serve it on `sock` (gateways must HELLO with `token` when one is given) until a signal
+    (drained) or a fault; then stop it and remove a Unix socket's path."""
+    unix_path = Path(sock.getsockname()) if sock.family == socket.AF_UNIX else None
+    inode = unix_path.stat().st_ino if unix_path is not None else None
+    host = EngineHost(engine, token=token)
+    server = await host.start_serving(sock)
     engine.start()
     loop = asyncio.get_running_loop()
     signals = 0
@@ -93,13 +57,13 @@ async def serve(engine: Engine, sock: socket.socket, drain_grace_s: float) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     ticker = loop.create_task(host.tick_forever())
-    log.info("fishgate engine listening on unix:%s", path)
+    log.info("fishgate engine listening on %s%s", host.bound_address, "" if token else " (no token)")
     drain_deadline: float | None = None
     try:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             if engine.state is EngineState.FAULTED:
-                log.critical("engine faulted (%s): closing unix:%s", engine.fault, path)
+                log.critical("engine faulted (%s): closing %s", engine.fault, host.bound_address)
                 break
             if signals > 1:
                 break
@@ -114,6 +78,7 @@ async def serve(engine: Engine, sock: socket.socket, drain_grace_s: float) -> No
         server.close()
         host.close_all()  # gateways see the engine go; their sessions end with engine_unavailable
         await asyncio.to_thread(engine.stop)
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == inode and stat.S_ISSOCK(os.stat(path).st_mode):
-                path.unlink()  # ours still: a later engine must not find it stale
+        if unix_path is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(unix_path).st_ino == inode and stat.S_ISSOCK(os.stat(unix_path).st_mode):
+                    unix_path.unlink()  # ours still: a later engine must not find it stale

@@ -4,11 +4,15 @@ A frame is a 4-byte big-endian payload length, then one MessagePack array whose 
 as (dtype, shape, raw bytes) and audio as raw float32 bytes (msgpack `bin`: no per-sample encoding). Errors cross as
 the name of their class in `streaming.errors` and their message. Knows nothing about sockets, the engine or asyncio.
 
-    gateway → engine    HELLO version · CALL id method args · SPEAK sid utt text · END sid utt · CANCEL sid utt ·
-                        CLOSE sid · ACK [sid, samples, …] (audio the gateway's clients have read)
-    engine → gateway    WELCOME version info capacity max_queued_chars state · RESULT id value ·
-                        FAILURE id error message · STATUS state (every STATUS_INTERVAL_S) · INFO info · STATS dict ·
-                        AUDIO sid utt pcm · SEGMENT … · DONE … · CANCELLED sid utt · ERROR sid code message utt fatal
+    gateway → engine    HELLO version name token · CALL id method args · SPEAK sid utt text · END sid utt ·
+                        CANCEL sid utt · CLOSE sid · ACK [sid, samples, …] (audio the gateway's clients have read)
+    engine → gateway    WELCOME version info capacity max_queued_chars state · REFUSED message (then it closes) ·
+                        RESULT id value · FAILURE id error message · STATUS state headroom (every STATUS_INTERVAL_S) ·
+                        INFO info · STATS dict · AUDIO sid utt pcm · SEGMENT … · DONE … · CANCELLED sid utt ·
+                        ERROR sid code message utt fatal
+
+Nothing but HELLO is read before the engine has welcomed a connection; WELCOME's layout is the same in every version,
+so gateway and engine of different versions can still tell each other so.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -29,16 +32,18 @@ from ..sampling_defaults import SamplingDefaults
 from ..session import AudioChunk, Cancelled, Event, SegmentDone, SessionError, SynthesisSettings, UtteranceDone, Voice
 
 # Bumped on any change to a message's layout; a gateway and an engine of different versions refuse each other.
-PROTOCOL_VERSION = 1
+# 2: HELLO carries a token, REFUSED, STATUS carries the engine's headroom.
+PROTOCOL_VERSION = 2
 # The largest frame either side accepts: a reference recording's samples on their way to be encoded are the largest
 # message (float32 mono of at most 60 s: 46 MB at 192 kHz, 10.6 MB at 44.1 kHz); beyond, the link is broken.
 MAX_FRAME_BYTES = 64 * 2**20
+# The largest frame read before a connection is welcomed (its HELLO): an unauthenticated peer holds no more memory.
+HELLO_MAX_FRAME_BYTES = 64 * 2**10
 HEADER = struct.Struct(">I")
 # How often the engine tells every gateway its state (a gateway that hears nothing for LINK_SILENCE_S gives up on it).
 STATUS_INTERVAL_S = 0.25
 # How often the engine sends its counters (Engine.stats) to every gateway: what a gateway's /metrics shows is this old.
 STATS_INTERVAL_S = 1.0
-ADDRESS_PREFIX = "unix:"
 
 
 class Op(enum.IntEnum):
@@ -57,6 +62,7 @@ class Op(enum.IntEnum):
     STATUS = 19
     INFO = 20
     STATS = 21
+    REFUSED = 22
     AUDIO = 32
     SEGMENT = 33
     DONE = 34
@@ -68,11 +74,8 @@ class LinkBroken(Exception):
     """The peer broke the protocol (a frame too large or unreadable, an unknown message): the link is closed."""
 
 
-def parse_address(text: str) -> Path:
-    """`unix:PATH` → PATH; ValueError naming the form otherwise."""
-    if not text.startswith(ADDRESS_PREFIX) or not text[len(ADDRESS_PREFIX) :]:
-        raise ValueError(f"an engine address is unix:PATH (a Unix socket's path), not {text!r}")
-    return Path(text[len(ADDRESS_PREFIX) :])
+class LinkRefused(LinkBroken):
+    """The engine refused this gateway at its HELLO (REFUSED: a wrong or missing token); the message says why."""
 
 
 # ---- frames ----------------------------------------------------------------------------------------------------------

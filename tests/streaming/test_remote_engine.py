@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import shutil
 import socket
 import tempfile
@@ -20,12 +21,14 @@ import pytest
 
 from streaming.engine import Engine
 from streaming.engine_api import EngineState
+from streaming.engine_link.address import TcpAddress
 from streaming.engine_link.client import RemoteEngine
 from streaming.engine_link.connection import RemoteSession
 from streaming.engine_link.host import EngineHost
-from streaming.engine_link.process import CannotListen, claim_socket
+from streaming.engine_link.process import CannotListen, claim_socket, listen
 from streaming.engine_link.protocol import (
     MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
     FrameDecoder,
     LinkBroken,
     Op,
@@ -36,6 +39,7 @@ from streaming.engine_link.protocol import (
     unpack_settings,
 )
 from streaming.errors import EngineUnavailable, Overloaded, UnsupportedLanguage
+from streaming.realtime_admission import RealtimeAdmission
 from streaming.session import (
     AudioChunk,
     Event,
@@ -76,10 +80,11 @@ async def until(check, what: str, timeout_s: float = WAIT_S) -> None:
 
 
 @contextlib.asynccontextmanager
-async def hosted(engine: Engine, path: Path) -> AsyncIterator[EngineHost]:
-    """`engine` served on `path` from this event loop, as `fishgate engine` serves it."""
-    host = EngineHost(engine)
-    server = await asyncio.start_unix_server(host.handle, sock=claim_socket(path))
+async def hosted(engine: Engine, path: Path | None, token: str | None = None) -> AsyncIterator[EngineHost]:
+    """`engine` served on `path` (None: a free TCP port on loopback) from this event loop, as `fishgate engine` serves
+    it."""
+    host = EngineHost(engine, token=token)
+    server = await host.start_serving(claim_socket(path) if path else listen(TcpAddress("127.0.0.1", 0)))
     ticker = asyncio.get_running_loop().create_task(host.tick_forever())
     try:
         yield host
@@ -87,12 +92,13 @@ async def hosted(engine: Engine, path: Path) -> AsyncIterator[EngineHost]:
         ticker.cancel()
         server.close()
         host.close_all()
-        path.unlink(missing_ok=True)
+        if path is not None:
+            path.unlink(missing_ok=True)
 
 
 @contextlib.asynccontextmanager
-async def attached(path: Path) -> AsyncIterator[RemoteEngine]:
-    remote = RemoteEngine(f"unix:{path}")
+async def attached(path: Path | str, token: str | None = None) -> AsyncIterator[RemoteEngine]:
+    remote = RemoteEngine(path if isinstance(path, str) else f"unix:{path}", token=token)
     remote.start()
     try:
         await until(lambda: remote.ready, "the remote engine never became ready")
@@ -285,6 +291,110 @@ def test_two_gateways_share_one_engine(engine, socket_path) -> None:
     assert counts == (2, 1, 1, 2)
     assert np.array_equal(ua.pcm, ub.pcm) and ua.done is not None  # one seed, one audio, whichever gateway asks
     assert stats["state"] == "ready" and stats["link_up"] == 1 and stats["vocoded_frames"] > 0
+
+
+def test_a_tcp_link_takes_the_right_token_and_refuses_a_wrong_or_missing_one_once_with_the_fix(
+    engine, socket_path, caplog
+) -> None:
+    async def main():
+        async with hosted(engine, None, token="s3cret") as host:
+            address = host.bound_address
+            assert address is not None and address.startswith("tcp:127.0.0.1:") and not address.endswith(":0")
+            async with attached(address, token="s3cret") as good:
+                session = await good.admit(Voice(), SETTINGS)
+                spoken = await speak(session, *TEXTS)
+                session.close()
+                link = good._link
+                assert link is not None
+                nodelay = link.writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            wrong, missing = RemoteEngine(address, token="guess"), RemoteEngine(address)
+            wrong.start()
+            missing.start()
+            try:
+                await until(lambda: wrong.refused and missing.refused, "the engine never refused the wrong tokens")
+                first = wrong.reconnects
+                window_s = 1.5
+                await asyncio.sleep(window_s)  # the retries within a window: backing off to one a second
+                tries = wrong.reconnects - first
+                with pytest.raises(EngineUnavailable):
+                    await wrong.admit(Voice(), SETTINGS)
+                outcome = (wrong.state, wrong.refused, missing.refused, host.refusals.refused, tries, window_s)
+            finally:
+                wrong.stop()
+                missing.stop()
+        async with hosted(engine, socket_path, token="s3cret"), attached_later(socket_path) as unix:
+            await until(lambda: unix.refused, "a Unix link without the token was not refused")
+        return spoken, nodelay, outcome
+
+    with caplog.at_level(logging.INFO):
+        spoken, nodelay, (state, wrong_why, missing_why, refused, tries, window_s) = asyncio.run(main())
+    assert spoken.done is not None and len(spoken.pcm) > 0 and nodelay
+    assert state is EngineState.UNAVAILABLE
+    for why in (wrong_why, missing_why):
+        assert "refused this gateway's token" in why and "set FISHGATE_ENGINE_TOKEN to the engine's token" in why
+    assert 1 <= tries <= window_s / 0.25, tries  # retried, at most a second apart once backed off: no storm
+    said = [r.getMessage() for r in caplog.records if "refused this gateway" in r.getMessage()]
+    assert len(said) == 3, said  # once for each gateway (wrong, missing, Unix), however often it retried
+    logged = [r for r in caplog.records if r.name == "streaming.engine_link.auth"]
+    assert refused > 3 and len(logged) == 2  # each host logs its first refusal, then at most once a minute
+
+
+def test_nothing_but_a_hello_is_read_before_a_gateway_is_welcomed(engine) -> None:
+    async def main():
+        async with hosted(engine, None, token="s3cret") as host:
+            port = int(str(host.bound_address).rsplit(":", 1)[1])
+            answers = []
+            for first in (
+                frame([Op.CALL, 1, "admit", []]),  # a call before any HELLO
+                (2**20).to_bytes(4, "big"),  # a 1 MB frame announced before any HELLO
+                frame([Op.HELLO, PROTOCOL_VERSION, "probe", "guess"]),  # the wrong token
+                frame([Op.HELLO, PROTOCOL_VERSION - 1, "old", "s3cret"]),  # another version
+            ):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(first)
+                answers.append(FrameDecoder().feed(await asyncio.wait_for(reader.read(), WAIT_S)))  # read to EOF
+                writer.close()
+            return answers, host.gateways
+
+    (call, big, wrong, old), gateways = asyncio.run(main())
+    assert call == big == [] and gateways == 0  # closed unanswered
+    assert wrong == [[Op.REFUSED, "the engine refused this gateway's token (wrong or missing)"]]
+    assert len(old) == 1 and old[0][:2] == [Op.WELCOME, PROTOCOL_VERSION] and old[0][2] is None  # says its version
+
+
+def test_the_engines_headroom_reaches_the_gateway_which_counts_its_own_admits_at_once(engine, socket_path) -> None:
+    async def main():
+        async with hosted(engine, socket_path), attached(socket_path) as remote:
+            await until(lambda: remote.headroom == engine.capacity, "the headroom never reached the gateway")
+            session = await remote.admit(Voice(), SETTINGS)
+            at_once = remote.headroom  # before the engine's next STATUS
+            link = remote._link
+            assert link is not None
+            await until(lambda: link.admits_unreported == 0, "no STATUS after the admit")
+            reported = (link.reported_headroom, engine.headroom())
+            session.close()
+            await until(lambda: remote.headroom == engine.capacity, "the closed session still counts")
+            return at_once, reported
+
+    at_once, reported = asyncio.run(main())
+    assert at_once == engine.capacity - 1 and reported == (engine.capacity - 1, engine.capacity - 1)
+
+
+def test_headroom_follows_the_real_time_admission(engine) -> None:
+    worker = engine._worker
+    saved = worker.admission
+    admission = RealtimeAdmission(frame_s=0.05, max_turn_fraction=0.8)
+    limit_s = 0.04
+    try:
+        worker.admission = admission
+        no_estimate = engine.headroom()
+        admission.record_turn(limit_s / 2, rows=1)  # one stream in half the limit: about 2 fit
+        estimated = engine.headroom()
+        admission.record_turn(10 * limit_s, rows=1)  # far behind real time
+        behind = engine.headroom()
+    finally:
+        worker.admission = saved
+    assert (no_estimate, estimated, behind) == (engine.capacity, 2, 0)
 
 
 # ---- the socket path and the wire format (no engine) ---------------------------------------------------------------
