@@ -11,7 +11,8 @@
    is the steady figure).
 3. **Engine restart on warm caches**: SIGTERM the engine, launch it again (the gateway stays up and reattaches):
    launch -> /readyz 200, then first audio at level 1 right after ready. Once with the defaults, once with
-   `--compile-after-ready on` (then also the seconds until every compiled graph is in place).
+   `--compile-after-ready on` (then also the seconds until every compiled graph is in place), once with only the
+   one-row batch compiled (`--compile-max-batch 1`). After each: first audio at level 1, then 8 streams at once.
 
 Without --checkpoint on a CUDA device the full-size random-weight checkpoint of bench.make_checkpoint is written
 into OUT_DIR (once); its end token is unreachable, so each request stops at --frames. On the CPU the embedded
@@ -38,7 +39,8 @@ from bench.serving import ROOT, client_env, engine_value, free_port, number, par
 
 READY_LIMIT_S = 400.0
 GRAPH_WAIT_S = 90.0
-LEVEL_REQUESTS = 10
+LEVEL_REQUESTS = 8
+BURST = 8  # then this many streams at once, one request each (the default profile's sessions)
 STOP_LIMIT_S = 60.0
 VOICE = "bench-voice"
 TEXT = "Hello there, this is the resident engine benchmark speaking one sentence."
@@ -135,6 +137,10 @@ def level1(live_url: str, out: Path, args: list[str]) -> dict[str, Any] | None:
     return run_level(live_url, out, concurrency=1, requests=LEVEL_REQUESTS, args=args, timeout_s=300)
 
 
+def burst(live_url: str, out: Path, args: list[str]) -> dict[str, Any] | None:
+    return run_level(live_url, out, concurrency=BURST, requests=BURST, args=args, timeout_s=300)
+
+
 def brief(s: dict[str, Any] | None) -> str:
     if not s:
         return "no result"
@@ -182,7 +188,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             run_level(live, out / "warm_up", concurrency=4, requests=4, args=ttfa_args, timeout_s=300)
             res["graphs_wait_s"] = wait_graphs(base, GRAPH_WAIT_S)
             res["steady"] = level1(live, out / "steady", ttfa_args)
-            print(f"steady first audio p50 / p95: {brief(res['steady'])}", flush=True)
+            res["steady_burst"] = burst(live, out / "steady_burst", ttfa_args)
+            print(f"steady first audio p50 / p95: {brief(res['steady'])}; {BURST} at once {brief(res['steady_burst'])}",
+                  flush=True)  # fmt: skip
 
             gateway.stop()
             t0 = gateway.launch()
@@ -192,21 +200,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"gateway restart: ready {res['gateway_ready_s']:.2f} s, first /v1/tts {res['gateway_first_tts_s']:.2f}"
                   f" s; first audio {brief(res['after_gateway_restart'])}", flush=True)  # fmt: skip
 
-            for name, extra in (
+            variants = (
                 ("engine_restart", []),
                 ("engine_restart_compile_after_ready", ["--compile-after-ready", "on"]),
-            ):
+                ("engine_restart_compile_max_batch_1", ["--compile-max-batch", "1"]),
+            )[: None if args.device.startswith("cuda") else 2]  # the CPU compiles nothing by default
+            for name, extra in variants:
                 res[f"{name}_exit"] = engine.stop()
                 engine = Proc([*engine_args, *extra], out / f"{name}.log", env)
                 t0 = engine.launch()
                 res[f"{name}_ready_s"] = round(wait_ready(base, t0, [gateway, engine]), 2)
                 res[f"{name}_first_tts_s"] = round(first_tts(base, t0, tts_body), 2)
                 res[f"after_{name}"] = level1(live, out / f"after_{name}", ttfa_args)
-                if extra:
+                res[f"after_{name}_burst"] = burst(live, out / f"after_{name}_burst", ttfa_args)
+                if extra[:1] == ["--compile-after-ready"]:
                     waited = wait_graphs(base, GRAPH_WAIT_S)
                     res[f"{name}_graphs_done_s"] = None if waited is None else round(time.monotonic() - t0, 1)
-                print(f"{name}: ready {res[f'{name}_ready_s']:.1f} s; first audio {brief(res[f'after_{name}'])}",
-                      flush=True)  # fmt: skip
+                print(f"{name}: ready {res[f'{name}_ready_s']:.1f} s; first audio {brief(res[f'after_{name}'])}; "
+                      f"{BURST} at once {brief(res[f'after_{name}_burst'])}", flush=True)  # fmt: skip
             res["startup_metrics"] = {k: v for k, v in parse_metrics(get(f"{base}/metrics", 5.0)[1].decode()).items()
                                       if "startup_" in k}  # fmt: skip
         finally:
@@ -225,15 +236,23 @@ def table(r: dict[str, Any]) -> str:
     rows = [
         ("cold start: engine launch → ready", s("cold_ready_s")),
         ("first audio at level 1, steady (p50 / p95)", brief(r.get("steady"))),
+        (f"first audio, {BURST} streams at once, steady", brief(r.get("steady_burst"))),
         ("gateway restart: launch → ready", s("gateway_ready_s", "{:.2f} s")),
         ("gateway restart: launch → first /v1/tts answered", s("gateway_first_tts_s", "{:.2f} s")),
         ("first audio right after the gateway restart", brief(r.get("after_gateway_restart"))),
-        ("engine restart, warm caches: launch → ready", s("engine_restart_ready_s")),
-        ("first audio right after it", brief(r.get("after_engine_restart"))),
-        ("engine restart, --compile-after-ready on: launch → ready", s("engine_restart_compile_after_ready_ready_s")),
-        ("first audio right after it", brief(r.get("after_engine_restart_compile_after_ready"))),
-        ("… every compiled graph in place after launch", s("engine_restart_compile_after_ready_graphs_done_s")),
     ]
+    for name, label in (
+        ("engine_restart", "engine restart, warm caches"),
+        ("engine_restart_compile_after_ready", "engine restart, --compile-after-ready on"),
+        ("engine_restart_compile_max_batch_1", "engine restart, --compile-max-batch 1"),
+    ):
+        rows += [
+            (f"{label}: launch → ready", s(f"{name}_ready_s")),
+            ("… first audio right after it, level 1", brief(r.get(f"after_{name}"))),
+            (f"… then {BURST} streams at once", brief(r.get(f"after_{name}_burst"))),
+        ]
+    rows.append(("… every compiled graph in place after launch (--compile-after-ready)",
+                 s("engine_restart_compile_after_ready_graphs_done_s")))  # fmt: skip
     return "\n".join(["| figure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
 
 
