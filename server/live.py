@@ -221,15 +221,21 @@ class LiveConnection:
     async def _receive_unless_sender_ends(self, timeout: float) -> MutableMapping[str, Any] | None:
         """The client's next message, or None as soon as the sender task ends (its turn finished, it closed the
         connection, or it failed): a client that stopped reading sends nothing either, and its session must not wait
-        for its socket to go."""
-        sender = self._sender
+        for its socket to go. Between turns, None as soon as the gateway starts draining."""
+        sender: asyncio.Future[Any] | None = self._sender
         if sender is None:
-            return await asyncio.wait_for(self.ws.receive(), timeout)
+            if self.gw.draining.is_set() or self.state is not LiveState.AWAIT_START:
+                return await asyncio.wait_for(self.ws.receive(), timeout)
+            # between turns: a drain (SIGTERM, a rolling upgrade) closes this socket with its reason at once, not
+            # when the server stops (uvicorn's close carries no reason)
+            sender = asyncio.ensure_future(self.gw.draining.wait())
         receive = asyncio.ensure_future(self.ws.receive())
         try:
             done, _ = await asyncio.wait((receive, sender), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             receive.cancel()
+            if sender is not self._sender:
+                sender.cancel()
         if receive in done:
             return receive.result()
         if sender in done:

@@ -101,7 +101,11 @@ def test_serve_drains_on_sigterm(tmp_path: Path) -> None:
         _wait_ready(base, proc)
 
         async def utterance_across_sigterm():
-            async with open_live(f"ws://127.0.0.1:{port}/v1/tts/live") as ws:
+            async with (
+                open_live(f"ws://127.0.0.1:{port}/v1/tts/live") as idle_ws,
+                open_live(f"ws://127.0.0.1:{port}/v1/tts/live") as ws,
+            ):
+                idle = LiveClient(idle_ws)  # a socket between turns: closed with the reason at once, not at the exit
                 c = LiveClient(ws)
                 await c.start()
                 await c.send({"event": "text", "text": "A sentence that is being spoken while the server drains. " * 4})
@@ -114,12 +118,15 @@ def test_serve_drains_on_sigterm(tmp_path: Path) -> None:
                 while (ready := httpx.get(f"{base}/readyz", timeout=5)).status_code == 200:
                     assert time.monotonic() < deadline, "readiness never went false"
                     await asyncio.sleep(0.05)
+                idle_result = await asyncio.wait_for(idle.read_until(LiveResult(), kinds=()), 10)
+                assert not r.of("finish"), "the idle socket's close came only after the running utterance's end"
                 await c.send({"event": "stop"})
                 await c.read_until(r)  # the finish
                 await c.read_until(r, kinds=())  # then the server's close
-                return r, ready
+                return r, ready, idle_result
 
-        result, ready = asyncio.run(utterance_across_sigterm())
+        result, ready, idle_result = asyncio.run(utterance_across_sigterm())
+        assert idle_result.close_code == 1012 and idle_result.close_reason.startswith("shutting_down"), idle_result
         assert ready.status_code == 503 and ready.json()["state"] == "draining"
         # the running utterance finished whole, then the socket closed as a restart (1012: reconnect elsewhere)
         assert result.events[-1] == {"event": "finish", "reason": "stop"} and result.close_code == 1012
