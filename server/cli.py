@@ -122,7 +122,7 @@ def run_gateway(
     log = logging.getLogger("fishgate")
     gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
-    server = _DrainingServer(uvicorn_config(settings, app), gateway)
+    server = DrainingServer(uvicorn_config(settings, app), gateway)
     gateway.on_fault = server.stop_now
     if control_fd is not None:
         from .workers import on_pipe_end
@@ -209,7 +209,7 @@ def _address_in_use(host: str, port: int) -> str | None:
     return None
 
 
-class _DrainingServer:
+class DrainingServer:
     """uvicorn.Server whose first SIGTERM/SIGINT drains instead of stopping at once; a second one stops now."""
 
     def __init__(self, config: Any, gateway: Any) -> None:
@@ -230,9 +230,10 @@ class _DrainingServer:
         self.drain_requested = False
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
-        asyncio.run(self._serve(sockets))
+        asyncio.run(self.serve(sockets))
 
-    async def _serve(self, sockets: list[socket.socket] | None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None) -> None:
+        """Serve until stopped or drained, on the running loop (a Ray Serve gateway replica's; server.ray_serve)."""
         self.loop = asyncio.get_running_loop()
         if self.drain_requested:
             self.start_drain()

@@ -1,16 +1,18 @@
-"""fishgate on Ray Serve: gateway replicas (CPU) in front of engine replicas (one per GPU), one address for clients
+"""fishgate on Ray Serve: gateway replicas (CPU) in front of engine replicas (one per GPU), one port for clients
 (`serve run deploy/ray/serve.yaml`; docs/OPERATIONS.md, "Ray Serve").
 
-    client ─ws/http─► Serve proxy ─► Gateway ×G: fishgate's own app (server.app.create_app) over an EnginePool
-                                         │ engine link over TCP (token in HELLO); each session stays on one engine,
-                                         ▼ a new one goes where the engine's own admission sees most headroom
-                                     EngineReplica ×N: an Engine and its EngineHost on tcp:<node ip>:<kernel's port>
+    client ─ws/http─► Gateway ×G on --host:--port (8000) of its node: fishgate's own app and uvicorn over an EnginePool
+                          │ engine link over TCP (token in HELLO); each session stays on one engine,
+                          ▼ a new one goes where the engine's own admission sees most headroom
+                      EngineReplica ×N: an Engine and its EngineHost on tcp:<node ip>:<kernel's port>
     EngineDirectory ×1: engine replicas register their address every HEARTBEAT_S, entries expire after ENTRY_TTL_S
     (server.engine_replicas); gateways poll it every POLL_S and hand the addresses to their pool.
 
-Audio never crosses a deployment handle: Serve carries the client's connection to a gateway, the link carries the
-engine's (docs/DECISIONS.md, "Ray Serve: gateway replicas and the engine link"). The only module that imports Ray
-(`pip install 'fishgate[ray]'`); nothing else in fishgate imports this one.
+Ray Serve places the replicas (a GPU per engine), checks their health, replaces dead ones and rolls upgrades; it
+carries no traffic. Its HTTP proxy is off (`proxy_location: Disabled`): the proxy relays every WebSocket message
+between processes and compresses each one, which cost 6-7x the CPU per stream and seconds of first audio at 300
+streams (bench.ray_cost; docs/DECISIONS.md, "Ray Serve: gateway replicas serve clients, the engine link carries
+audio"). The only module that imports Ray (`pip install 'fishgate[ray]'`); nothing else in fishgate imports this one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -46,9 +47,10 @@ from streaming.engine_link.sockets import listen
 
 from .app import build_gateway, build_local_engine, create_app
 from .app import readyz as app_readyz
-from .connection_cap import UVICORN_BACKSTOP_EXTRA
+from .cli import DrainingServer, uvicorn_config
 from .engine_replicas import HEARTBEAT_S, DirectoryTable, EngineEntry, ReplicaCollector, summary
 from .settings import ENGINE_PROCESS_SETTINGS, Settings, settings_from
+from .workers import gateway_listener
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,7 @@ ENGINE_CPUS_WITHOUT_GPU = 0.5
 ENGINE_CPUS_WITH_GPU = 1.0
 GATEWAY_CPUS = 0.25
 DIRECTORY_CPUS = 0.05
-# Requests waiting for a gateway replica once each holds its cap of connections; beyond, Serve answers 503.
-GATEWAY_MAX_QUEUED_REQUESTS = 64
+PORT = 8000  # the gateways' port unless the args name one (`fishgate serve`'s own default is 7860)
 # An engine replica's graceful shutdown (Serve's graceful_shutdown_timeout_s): its drain (--drain-grace-s) and this.
 SHUTDOWN_MARGIN_S = 10.0
 # Where the generated link token is kept for the cluster's life (Ray's internal key-value store), so a redeploy gets
@@ -248,31 +249,46 @@ class EngineReplica:
 
 # max_surge_percent: a new gateway is up before an old one stops taking connections (a redeploy leaves no gap)
 @serve.deployment(name="Gateway", ray_actor_options={"num_cpus": GATEWAY_CPUS}, max_surge_percent=100)
-@serve.ingress()
 class GatewayReplica:
-    """fishgate's own Starlette app (create_app: every endpoint, its lifespan, limits and metrics) over a pool of the
-    engine replicas that the directory lists. Adds `/engines` (per-replica summary), the engine counts on `/readyz`
-    (`expected`: replicas the deployment wants) and per-replica series on `/metrics`. `engines` is the engine
-    deployment's handle: bound here so that the application deploys it; audio never goes through it."""
+    """fishgate's own gateway (create_app: every endpoint, its lifespan, limits and metrics, on fishgate's uvicorn
+    settings) over a pool of the engine replicas that the directory lists, serving clients itself on --host:--port of
+    its node. Its listening socket is bound with SO_REUSEPORT, as `serve --workers`' gateways are: several gateway
+    replicas on one node share the port (the kernel spreads connections), and during a rolling upgrade the new replica
+    listens before the old one drains. Serve places, health-checks and replaces it, but carries none of its traffic:
+    Serve's proxy relays every WebSocket message and compresses each one (docs/DECISIONS.md). Adds `/engines`
+    (per-replica summary), the engine counts on `/readyz` (`expected`: replicas the deployment wants) and per-replica
+    series on `/metrics`. `engines` is the engine deployment's handle: bound here so that the application deploys it;
+    audio never goes through it."""
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits a coroutine constructor
         self, directory: DeploymentHandle, engines: DeploymentHandle, args: dict[str, Any], token: str
     ) -> None:
         self.directory = directory
-        self.settings = settings_of(args)
-        _replica_logging(self.settings.log_level)
+        self.settings = settings = settings_of(args)
+        _replica_logging(settings.log_level)
         self.pool = EnginePool(token=token)
-        self.gateway = build_gateway(self.settings, self.pool)
+        self.gateway = build_gateway(settings, self.pool)
         self.entries: list[EngineEntry] = []
         self.expected = 0
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
-
-    def __serve_build_asgi_app__(self) -> Starlette:
-        app = create_app(self.settings, self.gateway)
+        app = create_app(settings, self.gateway)
         # ahead of the app's own routes: /readyz answers as the app does, plus the deployment's engine count
         app.router.routes[0:0] = [Route("/readyz", self.readyz), Route("/engines", self.engines)]
         self.gateway.metrics.registry.register(ReplicaCollector(lambda: self.entries, self.pool))
-        return app
+        listener = gateway_listener(settings.host, settings.port)  # OSError: Serve reports it and retries
+        self.server = DrainingServer(uvicorn_config(settings, app), self.gateway)
+        loop = asyncio.get_running_loop()
+        self._serving = loop.create_task(self.server.serve([listener]))
+        self._poller = loop.create_task(self._poll())
+        while not self.server.server.started:  # the app's lifespan ran and the socket accepts
+            if self._serving.done():
+                self._poller.cancel()
+                raise RuntimeError(f"the gateway did not start on {settings.host}:{settings.port}")
+            await asyncio.sleep(0.02)
+        log.info("gateway replica serving on %s:%d", settings.host, settings.port)
+
+    def check_health(self) -> None:
+        if self._serving.done():
+            raise RuntimeError("the gateway's server stopped")
 
     async def readyz(self, request: Request) -> JSONResponse:
         response = await app_readyz(request)
@@ -304,7 +320,15 @@ class GatewayReplica:
             await asyncio.sleep(POLL_S)
 
     async def __del__(self) -> None:
-        self._poller.cancel()  # after the app's lifespan has stopped the pool (ray.serve's ingress wrapper)
+        """Serve's graceful shutdown: drain as `fishgate serve` does on SIGTERM (readiness false, no new sessions,
+        running utterances get --drain-grace-s, then sockets close with 1012), then stop."""
+        if not hasattr(self, "_serving"):
+            return
+        self.server.request_drain()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._serving), self.settings.drain_grace_s + SHUTDOWN_MARGIN_S)
+        self.server.stop_now()
+        self._poller.cancel()
 
 
 def engine_token() -> str:
@@ -347,6 +371,7 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     if "workers" in args:
         raise ValueError("'workers' has no effect on Ray Serve: set `gateways` (FISHGATE_RAY_GATEWAYS) instead")
     engine_args, gateway_args = split_args(args)
+    gateway_args.setdefault("port", PORT)
     engine_settings, gateway_settings = settings_of(engine_args), settings_of(gateway_args)  # refused here, not later
     gpus = int(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else 0
     on_gpu = gpus > 0 and (engine_settings.device or "auto") != "cpu"
@@ -368,9 +393,6 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     ).bind(directory, engine_args, token)
     gateway = GatewayReplica.options(  # type: ignore[attr-defined]
         num_replicas=gateway_count,
-        # one WebSocket is one ongoing request for Serve: the app's own cap (server.connection_cap) refuses beyond
-        max_ongoing_requests=gateway_settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
-        max_queued_requests=GATEWAY_MAX_QUEUED_REQUESTS,
         graceful_shutdown_timeout_s=gateway_settings.drain_grace_s + SHUTDOWN_MARGIN_S,
     )
     app: serve.Application = gateway.bind(directory, engines, gateway_args, token)

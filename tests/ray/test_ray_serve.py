@@ -1,7 +1,8 @@
 """fishgate on Ray Serve (server/ray_serve.py): the application of deploy/ray/serve.yaml's builder, run by `serve.run` in
 a local Ray this module starts (2 CPUs, as CI has), FISHGATE_RAY_ENGINES=2, the embedded default model on CPU.
 
-Clients are the real `websockets` client at its defaults (permessage-deflate offered) and httpx, through Serve's proxy.
+Clients are the real `websockets` client at its defaults (permessage-deflate offered) and httpx, on the gateway replica's
+own port (Serve's HTTP proxy is off, as deploy/ray/serve.yaml has it).
 Tests run in file order on one cluster: a stored voice uploaded through the gateway speaks; live sessions spread over
 both engine replicas; a killed engine replica's
 sessions end with `engine_unavailable`, /readyz counts 1 of 2, new sessions go to the other and Ray Serve replaces
@@ -59,7 +60,7 @@ class Cluster:
 
     def poll(self, path: str) -> dict[str, Any]:
         """A JSON document for a polling loop: {} when it does not come (the loop's deadline bounds the retries; during
-        a redeploy Serve's proxy may hold a request while it moves to the new gateway)."""
+        a redeploy the port passes from the old gateway replica to the new one)."""
         try:
             return self.get(path).json()
         except (httpx.TransportError, ValueError):
@@ -88,13 +89,13 @@ async def until(check: Callable[[], Any], what: str, timeout_s: float = STATS_TI
 def cluster() -> Iterator[Cluster]:
     temp_dir = tempfile.mkdtemp(prefix="fg-ray-")  # short: Ray's socket paths live under it
     port = free_port()
-    app_args = {"references_dir": str(Path(temp_dir) / "references")}
+    app_args = {"references_dir": str(Path(temp_dir) / "references"), "port": port}
     with pytest.MonkeyPatch.context() as env:
         env.setenv(ENGINES_ENV, "2")  # read by the builder, which runs here
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
         try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(app_builder(app_args), name=APP, route_prefix="/")
+            serve.start(proxy_location="Disabled")
+            serve.run(app_builder(app_args), name=APP, route_prefix=None)
             handle = Cluster(f"http://127.0.0.1:{port}", app_args)
             wait_for(lambda: handle.ready_engines() == 2, "both engines never became ready", READY_TIMEOUT_S)
             yield handle
@@ -255,10 +256,10 @@ def test_a_killed_engine_ends_its_sessions_the_other_serves_and_ray_replaces_it(
     assert again.error_codes == [] and len(again.audio) > 0
 
 
-def test_a_redeploy_drains_the_old_engines_while_an_open_socket_goes_on(cluster: Cluster) -> None:
+def test_a_redeploy_drains_the_old_replicas_then_closes_with_a_reason_and_a_reconnect_speaks(cluster: Cluster) -> None:
     before = {r["replica_id"] for r in cluster.engines()}
-    # new args: Serve replaces every replica of the app; an old gateway stays while its sockets are open (up to its
-    # graceful_shutdown_timeout_s), old engines drain
+    # new args: Serve replaces every replica of the app, the new ones first (the gateways share the port meanwhile);
+    # the old ones drain: the running turn finishes, then the old gateway closes its sockets with 1012 and a reason
     changed = {**cluster.app_args, "max_sessions": 6}
     redeployed = threading.Event()
     errors: list[BaseException] = []
@@ -267,13 +268,13 @@ def test_a_redeploy_drains_the_old_engines_while_an_open_socket_goes_on(cluster:
         try:
             with pytest.MonkeyPatch.context() as env:
                 env.setenv(ENGINES_ENV, "2")
-                serve.run(app_builder(changed), name=APP, route_prefix="/")
+                serve.run(app_builder(changed), name=APP, route_prefix=None)
         except BaseException as e:  # reported by the test's thread
             errors.append(e)
         finally:
             redeployed.set()
 
-    async def run() -> LiveResult:
+    async def run() -> tuple[LiveResult, LiveResult, LiveResult]:
         (ws, client, result), *_ = await open_turns(cluster, 1, LONG_TEXT)
         thread = threading.Thread(target=redeploy, daemon=True)
         thread.start()
@@ -286,20 +287,18 @@ def test_a_redeploy_drains_the_old_engines_while_an_open_socket_goes_on(cluster:
             await client.send({"event": "text", "text": TEXT})  # the running turn goes on during the drain
             await client.send({"event": "stop"})
             await asyncio.wait_for(client.read_until(result), TURN_TIMEOUT_S)
-            second = LiveResult()  # the same socket takes the next turn, on an engine that takes sessions
-            await client.start()
-            await client.send({"event": "text", "text": TEXT})
-            await client.send({"event": "stop"})
-            await asyncio.wait_for(client.read_until(second), TURN_TIMEOUT_S)
-            assert second.error_codes == [] and len(second.audio) > 0, second.events
+            closed = await asyncio.wait_for(client.read_until(LiveResult(), kinds=()), READY_TIMEOUT_S)
         finally:
-            await ws.close()  # the old gateway's last connection: Serve stops it now, not at its timeout
+            await ws.close()
         await until(lambda: redeployed.is_set() or None, "the redeploy never finished", READY_TIMEOUT_S)
-        return result
+        again = await speak(cluster.ws_url, [TEXT])  # a client that reconnects gets the new replicas
+        return result, closed, again
 
-    result = asyncio.run(run())
+    result, closed, again = asyncio.run(run())
     assert not errors, errors
     assert result.error_codes == [] and result.events[-1] == {"event": "finish", "reason": "stop"}
+    assert closed.server_closed and closed.close_code == 1012 and "reconnect" in closed.close_reason, closed
+    assert again.error_codes == [] and len(again.audio) > 0
     # the new engines registered once ready; the gateway links them within a poll and a handshake
     rows = wait_for(
         lambda: len(rows := [r for r in cluster.engines() if r["ready"]]) == 2 and rows,
