@@ -281,7 +281,11 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
         ws="websockets-sansio",
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=settings.ws_compression == "on",
-        limit_concurrency=settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
+        # attached to a resident engine without --max-connections, the app's cap follows the engine's sessions
+        # (server.connection_cap): no backstop fixed from this process's own --max-sessions
+        limit_concurrency=None
+        if settings.engine is not None and settings.max_connections is None
+        else settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=5,

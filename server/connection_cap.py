@@ -17,6 +17,7 @@ from starlette.websockets import WebSocketClose
 from streaming.errors import Overloaded
 
 from .http_common import error_response
+from .settings import connections_for
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -28,8 +29,16 @@ class ConnectionCap:
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
-        self.cap = gateway.settings.resolved_max_connections
+        self.fixed_cap = gateway.settings.resolved_max_connections
+        # a gateway attached to a resident engine (--engine) without --max-connections: its own --max-sessions says
+        # nothing of that engine, so the cap follows the engine's (the pool's) sessions once it has said them
+        self.follows_engine = gateway.settings.engine is not None and gateway.settings.max_connections is None
         self.open = 0  # the event loop is single-threaded: a plain counter
+
+    @property
+    def cap(self) -> int:
+        capacity = self.gateway.engine.capacity if self.follows_engine else 0
+        return connections_for(capacity) if capacity > 0 else self.fixed_cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

@@ -63,6 +63,12 @@ REMOVED_OPTIONS = {
 }
 
 
+def connections_for(sessions: int) -> int:
+    """The default connection cap for an engine of `sessions` sessions: each twice over (a socket between turns and
+    the next one), plus health checks, metrics and HTTP calls."""
+    return 2 * sessions + 256
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
     help: str  # what --help shows (advanced settings: --help-all only)
@@ -266,10 +272,11 @@ class Settings:
 
     @property
     def resolved_max_connections(self) -> int:
-        """--max-connections, else room for every session twice over plus health checks, metrics and HTTP calls."""
+        """--max-connections, else room for every session twice over plus health checks, metrics and HTTP calls
+        (a gateway attached with --engine: of its engine's sessions, once it knows them; server.connection_cap)."""
         if self.max_connections is not None:
             return self.max_connections
-        return 2 * self.backend_config().max_sessions + 256
+        return connections_for(self.backend_config().max_sessions)
 
     @property
     def resolved_compile_cache_dir(self) -> Path:

@@ -9,10 +9,12 @@ import asyncio
 import contextlib
 import logging
 import time
+import types
 
 import httpx
 import pytest
 
+from server.connection_cap import ConnectionCap
 from server.settings import parse_settings
 from tests.server.conftest import API_KEY, ServerHandle, start_server
 from tests.server.http_helpers import assert_error, clip
@@ -156,3 +158,19 @@ def test_the_connection_cap_defaults_to_the_session_cap_with_room_and_refuses_ze
     assert parse_settings(["--max-connections", "40"]).resolved_max_connections == 40
     with pytest.raises(SystemExit, match="--max-connections must be at least 1"):
         parse_settings(["--max-connections", "0"])
+
+
+def test_a_gateway_on_a_resident_engine_caps_connections_by_that_engines_sessions() -> None:
+    """`serve --engine ADDR` alone: its own --max-sessions says nothing of the engine's (a 512-session engine behind
+    a gateway capped at 2 x 8 + 256 refused every client past the 272nd); the cap follows what the engine says."""
+    engine = types.SimpleNamespace(capacity=0)  # not attached yet
+    gateway = types.SimpleNamespace(settings=parse_settings(["--engine", "unix:/tmp/fg-none.sock"]), engine=engine)
+    cap = ConnectionCap(app=None, gateway=gateway)  # type: ignore[arg-type]
+    assert cap.cap == 2 * 8 + 256  # until the engine has said its sessions: the default profile's
+    engine.capacity = 512  # a throughput engine (or a pool's sum)
+    assert cap.cap == 2 * 512 + 256
+    fixed = types.SimpleNamespace(settings=parse_settings(["--engine", "unix:/tmp/fg-none.sock", "--max-connections",
+                                                           "40"]), engine=engine)  # fmt: skip
+    assert ConnectionCap(app=None, gateway=fixed).cap == 40  # type: ignore[arg-type]  # an explicit cap stands
+    local = types.SimpleNamespace(settings=parse_settings(["--max-sessions", "10"]), engine=engine)
+    assert ConnectionCap(app=None, gateway=local).cap == 2 * 10 + 256  # type: ignore[arg-type]  # in-process engine
