@@ -172,8 +172,8 @@ def run_engine(settings: Settings, listen_at: str | None) -> int:
     """A resident engine process serving gateways at `listen_at` until a signal (then drained), or a fault; its exit
     status (`fishgate engine`, and the engine child of `serve --workers`)."""
     from streaming.engine_link.address import parse_address
-    from streaming.engine_link.process import CannotListen, listen
     from streaming.engine_link.process import serve as serve_engine
+    from streaming.engine_link.sockets import CannotListen, listen
 
     from .app import build_local_engine
 

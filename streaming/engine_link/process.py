@@ -23,9 +23,6 @@ from typing import TYPE_CHECKING
 
 from ..engine_api import EngineState
 from .host import EngineHost
-from .sockets import CannotListen, claim_socket, listen
-
-__all__ = ["CannotListen", "claim_socket", "listen", "serve"]  # the claiming functions live in .sockets
 
 if TYPE_CHECKING:
     from ..engine import Engine  # torch: loaded by the CLI once the socket path is claimed

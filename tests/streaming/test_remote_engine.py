@@ -25,7 +25,6 @@ from streaming.engine_link.address import TcpAddress
 from streaming.engine_link.client import RemoteEngine
 from streaming.engine_link.connection import RemoteSession
 from streaming.engine_link.host import EngineHost
-from streaming.engine_link.process import CannotListen, claim_socket, listen
 from streaming.engine_link.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -38,6 +37,7 @@ from streaming.engine_link.protocol import (
     unpack_info,
     unpack_settings,
 )
+from streaming.engine_link.sockets import CannotListen, claim_socket, listen
 from streaming.errors import EngineUnavailable, Overloaded, UnsupportedLanguage
 from streaming.realtime_admission import RealtimeAdmission
 from streaming.session import (
