@@ -170,6 +170,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tts_body["max_new_tokens"] = args.frames
     env = {**client_env(), "TRITON_CACHE_DIR": str(out / "cache" / "triton")}
     res: dict[str, Any] = {"what": "bench.resident", "device": args.device, "frames": args.frames}
+
+    def save() -> None:  # after every phase, so a run cut short still leaves what it measured
+        (out / "resident.json").write_text(json.dumps({**res, "table": table(res)}, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="fg-res-") as tmp:  # short: a Unix socket path has at most 107 bytes
         address = f"unix:{Path(tmp) / 'engine.sock'}"
         port = free_port()
@@ -185,12 +189,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = engine.launch()
             res["cold_ready_s"] = round(wait_ready(base, t0, [gateway, engine]), 2)
             print(f"cold start: ready after {res['cold_ready_s']:.1f} s", flush=True)
+            save()
             run_level(live, out / "warm_up", concurrency=4, requests=4, args=ttfa_args, timeout_s=300)
             res["graphs_wait_s"] = wait_graphs(base, GRAPH_WAIT_S)
             res["steady"] = level1(live, out / "steady", ttfa_args)
             res["steady_burst"] = burst(live, out / "steady_burst", ttfa_args)
             print(f"steady first audio p50 / p95: {brief(res['steady'])}; {BURST} at once {brief(res['steady_burst'])}",
                   flush=True)  # fmt: skip
+            save()
 
             gateway.stop()
             t0 = gateway.launch()
@@ -199,6 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["after_gateway_restart"] = level1(live, out / "after_gateway_restart", ttfa_args)
             print(f"gateway restart: ready {res['gateway_ready_s']:.2f} s, first /v1/tts {res['gateway_first_tts_s']:.2f}"
                   f" s; first audio {brief(res['after_gateway_restart'])}", flush=True)  # fmt: skip
+            save()
 
             variants = (
                 ("engine_restart", []),
@@ -218,13 +225,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     res[f"{name}_graphs_done_s"] = None if waited is None else round(time.monotonic() - t0, 1)
                 print(f"{name}: ready {res[f'{name}_ready_s']:.1f} s; first audio {brief(res[f'after_{name}'])}; "
                       f"{BURST} at once {brief(res[f'after_{name}_burst'])}", flush=True)  # fmt: skip
+                save()
             res["startup_metrics"] = {k: v for k, v in parse_metrics(get(f"{base}/metrics", 5.0)[1].decode()).items()
                                       if "startup_" in k}  # fmt: skip
         finally:
             res["gateway_exit"] = gateway.stop()
             res["engine_exit"] = engine.stop()
+            save()
     res["table"] = table(res)
-    (out / "resident.json").write_text(json.dumps(res, indent=1))
     print(res["table"])
     return res
 
