@@ -20,7 +20,7 @@ import torch
 from .audio_pack import load_audio
 from .checkpoints import write_wav
 from .encode_codes import load_encoder
-from .wer import WER_PASS, WER_TARGET, evaluate, load_whisper, read_manifest
+from .wer import SENTENCE_LEVELS, evaluate, load_whisper, read_manifest
 
 
 def resynthesize(codec_source: Path, manifest: Path, out: Path, limit: int | None) -> list[tuple[str, Path, str]]:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no test rows in {args.manifest}", file=sys.stderr)
         return 2
     report = evaluate(load_whisper(), clips, control=False)
-    verdict = "target" if report.wer <= WER_TARGET else "pass" if report.wer <= WER_PASS else "fail"
+    verdict = SENTENCE_LEVELS.verdict(report.wer)
     print(json.dumps({"clips": report.clips, "wer": round(report.wer, 4), "verdict": verdict}, indent=2))
     return 0
 

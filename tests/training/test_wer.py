@@ -1,10 +1,11 @@
-"""Tests for training/wer.py's scoring (no Whisper needed): edit counts against an independent distance."""
+"""Tests for training/wer.py's scoring (no Whisper needed): edit counts against an independent distance, edge slips,
+levels."""
 
 from __future__ import annotations
 
 import random
 
-from training.wer import corpus_wer, edit_counts
+from training.wer import SENTENCE_LEVELS, SHORT_PHRASE_LEVELS, alignment, corpus_wer, edit_counts, score_clip
 
 
 def _levenshtein(a: list[str], b: list[str]) -> int:
@@ -46,3 +47,31 @@ def test_corpus_wer_normalises_both_sides() -> None:
     # the denominator is the reference's words, not the transcript's: 2 deletions of 4 words, 2 words heard
     assert corpus_wer([("one two three four", "one two")]) == (0.5, 2, 4)
     assert corpus_wer([("one two", "one two three four")]) == (1.0, 2, 2)  # 2 insertions of 2 words
+
+
+def test_alignment_reads_in_order_and_counts_like_edit_counts() -> None:
+    ref, hyp = ["the", "cat", "sat", "on", "the", "mat"], ["the", "cat", "sit", "on", "mat", "today"]
+    assert alignment(ref, hyp) == ["=", "=", "S", "=", "D", "=", "I"]
+    assert alignment([], ["a"]) == ["I"] and alignment(["a"], []) == ["D"] and alignment([], []) == []
+
+
+def test_a_clip_score_marks_words_dropped_or_added_at_its_edges() -> None:
+    def slips(reference: str, transcript: str) -> tuple[bool, bool]:
+        score = score_clip("x", reference, transcript)
+        return score.start_slip, score.end_slip
+
+    assert slips("Of course.", "But of course.") == (True, False)
+    assert slips("I can help with that.", "can help with that.") == (True, False)
+    assert slips("Thank you.", "Thank you very.") == (False, True)
+    assert slips("Done.", "") == (True, True)
+    # a misheard edge word is a substitution, not a slip; nor is a word missing in the middle
+    assert slips("Your meeting starts soon.", "Your meeting starts in.") == (False, False)
+    assert slips("Please sit down now.", "Please down now.") == (False, False)
+
+
+def test_levels_include_their_bounds() -> None:
+    """The issue reads 'pass ≤ 12 %': a WER exactly on a level reaches it."""
+    assert (SENTENCE_LEVELS.passing, SENTENCE_LEVELS.target) == (0.12, 0.06)
+    assert (SHORT_PHRASE_LEVELS.passing, SHORT_PHRASE_LEVELS.target) == (0.12, 0.10)
+    verdicts = [SENTENCE_LEVELS.verdict(w) for w in (0.0, 0.06, 0.0601, 0.12, 0.1201)]
+    assert verdicts == ["target", "target", "pass", "pass", "fail"]

@@ -1,10 +1,10 @@
 """The WER gate end to end: a real server on the embedded default model, held-out sentences over /v1/tts/live,
 Whisper tiny.en (faster-whisper, offline) and the reversed-audio control.
 
-The embedded default is the trained voice of model/default_model/README.md (21.4 % on all 300 held-out sentences, 13.3 %
-on the first six, which this suite speaks). Six sentences are too few to decide the issue's gate (≤ 25 %, judged on the
-full held-out set in the card), so the suite asserts what it can: the voice is intelligible — a regression bound well
-under babble (a model that ignores the text: ~100 %) with room for another CPU's rounding to change a few samples — and
+The embedded default is the trained voice of model/default_model/README.md (21.4 % on all 300 held-out sentences,
+13.3 % on the first six, which this suite speaks). Six sentences are too few to decide the voice's gate (≤ 12 % on each
+held-out set, judged on the full sets in the card), so the suite asserts what it can: the voice is intelligible — a
+regression bound well under babble (a model that ignores the text: ~100 %) with room for another CPU's rounding to change a few samples — and
 the reversed-audio control fails. A folder marked untrained (random weights) makes the bound a strict xfail.
 """
 
@@ -21,7 +21,7 @@ from model.text_normalize import words_for_scoring
 from streaming.backend import METADATA_FILE, default_checkpoint
 from tests.server.conftest import start_server
 from training.wer import WerReport, load_whisper
-from training.wer_gate import HeldOut, read_heldout, run_gate, verdict
+from training.wer_gate import SETS, SHORT_PHRASES, HeldOut, read_heldout, run_gate
 
 N_SENTENCES = 6
 # what the shipped default must keep doing on these six sentences (it scores 0.13; random weights score ~1.0 and more)
@@ -54,7 +54,7 @@ def test_gate_speaks_every_sentence_over_the_websocket_and_scores_it(gate) -> No
         with wave.open(str(wav_dir / f"{item.id}.wav"), "rb") as w:
             assert w.getframerate() == 44_100 and w.getnframes() > 0.3 * 44_100
     assert report.wer == report.errors / report.ref_words
-    assert verdict(report.wer) in ("target", "pass", "fail")
+    assert report.edge_slips == sum(s.start_slip or s.end_slip for s in report.scores)
 
 
 @pytest.mark.xfail(DEFAULT_IS_UNTRAINED, strict=True, reason="an untrained default model's output is noise")
@@ -64,10 +64,9 @@ def test_default_voice_is_intelligible(gate) -> None:
     assert report.control_wer is not None and report.control_wer > 0.6  # reversed speech must not transcribe
 
 
-def test_the_verdict_levels_include_their_bounds() -> None:
-    """The issue's levels read 'pass ≤ 25 %, target ≤ 10 %': a WER exactly on a level reaches it."""
-    from training.wer import WER_PASS, WER_TARGET
-    from training.wer_gate import verdict
-
-    assert (WER_TARGET, WER_PASS) == (0.10, 0.25)
-    assert [verdict(w) for w in (0.0, 0.10, 0.1001, 0.25, 0.2501)] == ["target", "target", "pass", "pass", "fail"]
+def test_short_phrase_set_is_conversational_and_apart_from_the_sentences() -> None:
+    items = read_heldout(SHORT_PHRASES)
+    assert len(items) == 80 and len({i.id for i in items}) == 80 and len({i.text for i in items}) == 80
+    assert all(1 <= len(words_for_scoring(i.norm)) <= 5 for i in items)
+    assert not {i.norm for i in items} & {i.norm for i in read_heldout()}
+    assert SETS["short"][0] == SHORT_PHRASES
