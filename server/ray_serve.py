@@ -4,7 +4,7 @@
     client ─ws/http─► Gateway ×G on --host:--port (8000) of its node: fishgate's own app and uvicorn over an EnginePool
                           │ engine link over TCP (token in HELLO); each session stays on one engine,
                           ▼ a new one goes where the engine's own admission sees most headroom
-                      EngineReplica ×N: an Engine and its EngineHost on tcp:<node ip>:<kernel's port>
+                      EngineReplica ×N: an Engine and its EngineService on tcp:<node ip>:<kernel's port>
     EngineDirectory ×1: engine replicas register their address every HEARTBEAT_S, entries expire after ENTRY_TTL_S
     (server.engine_replicas); gateways poll it every POLL_S and hand the addresses to their pool.
 
@@ -26,7 +26,6 @@ import math
 import os
 import secrets
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, fields, replace
 from typing import Any
@@ -41,8 +40,8 @@ from starlette.routing import Route
 from streaming.engine_api import EngineState
 from streaming.engine_link.address import TcpAddress
 from streaming.engine_link.auth import TOKEN_VARIABLE
-from streaming.engine_link.host import EngineHost
 from streaming.engine_link.pool import EnginePool
+from streaming.engine_link.service import EngineService
 from streaming.engine_link.sockets import listen
 
 from .app import build_gateway, build_local_engine, create_app
@@ -58,7 +57,6 @@ ENGINES_ENV = "FISHGATE_RAY_ENGINES"  # engine replicas (default: one per GPU of
 GATEWAYS_ENV = "FISHGATE_RAY_GATEWAYS"  # gateway replicas (default 1)
 POLL_S = 0.5  # how often a gateway asks the directory for the engines' addresses
 CALL_TIMEOUT_S = 5.0  # a directory call that takes longer has failed (the directory is restarting)
-WATCH_INTERVAL_S = 0.25  # how often an engine replica checks its engine for a fault
 # CPU reservations. Without GPUs two engine replicas and what fronts them fit on 2 cores (an engine runs one torch
 # thread: streaming.config.BackendConfig.cpu_threads); with GPUs an engine replica holds one GPU and one core.
 ENGINE_CPUS_WITHOUT_GPU = 0.5
@@ -158,10 +156,10 @@ class EngineDirectory:
 
 @serve.deployment(name="EngineReplica", health_check_period_s=2.0, health_check_timeout_s=10.0)
 class EngineReplica:
-    """One engine (the GPU Ray gave this replica, or the CPU) served on the engine link, as `fishgate engine` serves
-    it; registered in the directory from ready until it has drained. A faulted engine fails Serve's health check, and
-    Serve replaces the replica. Graceful shutdown drains: no new sessions, running utterances finish (up to
-    --drain-grace-s), then the link closes."""
+    """One engine (the GPU Ray gave this replica, or the CPU) served on the engine link by the EngineService that
+    `fishgate engine` runs; registered in the directory from ready until it has drained. A faulted engine closes its
+    link at once and fails Serve's health check, and Serve replaces the replica. Graceful shutdown drains: no new
+    sessions, running utterances finish (up to --drain-grace-s), then the link closes."""
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits a coroutine constructor: the loop runs meanwhile
         self, directory: DeploymentHandle, args: dict[str, Any], token: str
@@ -173,24 +171,20 @@ class EngineReplica:
         node_ip = ray.util.get_node_ip_address()
         sock = listen(TcpAddress(node_ip, 0), token)  # before the model loads: a refusal costs nothing
         self.engine = build_local_engine(settings)
-        self.host = EngineHost(self.engine, token=token)
-        self.server = await self.host.start_serving(sock)
-        self.engine.start()
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self.host.tick_forever())]
+        self.service = EngineService(self.engine, token=token)
+        await self.service.start(sock)
         if not await asyncio.to_thread(self.engine.wait_ready):
-            await self._close()
+            await self.service.close()
             why = self.engine.config_error or self.engine.fault
             raise RuntimeError(f"the engine did not start: {why}")  # Serve retries, then reports the deployment
         context = serve.get_replica_context()
-        assert self.host.bound_address is not None
+        assert self.service.address is not None
         self.entry = EngineEntry(
-            address=self.host.bound_address, replica_id=context.replica_id.unique_id,
+            address=self.service.address, replica_id=context.replica_id.unique_id,
             rank=int(getattr(context.rank, "rank", 0)), world_size=int(context.world_size), node_ip=node_ip,
             pid=os.getpid(),
         )  # fmt: skip
-        self._heartbeat_task = loop.create_task(self._heartbeat())
-        self._tasks += [self._heartbeat_task, loop.create_task(self._watch())]
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat())
         log.info(
             "engine replica %s (rank %d) serving on %s", self.entry.replica_id, self.entry.rank, self.entry.address
         )
@@ -208,43 +202,21 @@ class EngineReplica:
                 failing = True
             await asyncio.sleep(HEARTBEAT_S)
 
-    async def _watch(self) -> None:
-        """A faulted engine closes the link at once (gateways end its sessions now); check_health reports it."""
-        while self.engine.state is not EngineState.FAULTED:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-        log.critical("engine faulted (%s): closing %s; Ray Serve replaces this replica", self.engine.fault,
-                     self.entry.address)  # fmt: skip
-        self.server.close()
-        self.host.close_all()
-
     def check_health(self) -> None:
-        if self.engine.state is EngineState.FAULTED:
+        if self.service.faulted:
             raise RuntimeError(f"the engine faulted: {self.engine.fault}")
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: drain (running utterances finish within --drain-grace-s), then close."""
         if not hasattr(self, "entry"):
             return  # never became ready: the constructor closed what it had
-        engine = self.engine
-        log.info("engine replica %s draining: no new sessions; running utterances have %.0f s to finish",
-                 self.entry.replica_id, self.settings.drain_grace_s)  # fmt: skip
-        engine.drain()
-        self.host.broadcast_status()  # gateways stop routing here now, not at the next tick
+        self.service.drain(self.settings.drain_grace_s)  # gateways stop routing here now, not at the next tick
         self.entry = replace(self.entry, draining=True)  # the next heartbeat says so; the link's ticks go on
-        deadline = time.monotonic() + self.settings.drain_grace_s
-        while engine.open_sessions and engine.state is not EngineState.FAULTED and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await self.service.until_done()
         self._heartbeat_task.cancel()  # before the withdrawal: no heartbeat re-registers it
         with contextlib.suppress(Exception):  # else its entry expires by itself
             await _within(self.directory.withdraw.remote(self.entry.address))
-        await self._close()
-
-    async def _close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        self.server.close()
-        self.host.close_all()  # gateways see the engine go; sessions still open end with engine_unavailable
-        await asyncio.to_thread(self.engine.stop)
+        await self.service.close()  # sessions still open end with engine_unavailable
 
 
 # max_surge_percent: a new gateway is up before an old one stops taking connections (a redeploy leaves no gap)

@@ -1,7 +1,8 @@
 """The engine link on CPU with the embedded default model: one real Engine served by an EngineHost on a Unix socket
 and RemoteEngine clients in the same event loop. A remote session's events and PCM equal the in-process engine's
 bitwise; back-pressure counts what the gateway has not read; cancel, errors, a vanished gateway, a vanished engine,
-two gateways at once. The engine process and gateways as separate processes: tests/server/test_resident_engine.py."""
+two gateways at once; an EngineService's drain and close. The engine process and gateways as separate processes:
+tests/server/test_resident_engine.py."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from streaming.engine_link.protocol import (
     unpack_info,
     unpack_settings,
 )
+from streaming.engine_link.service import EngineService
 from streaming.engine_link.sockets import CannotListen, claim_socket, listen
 from streaming.errors import EngineUnavailable, Overloaded, UnsupportedLanguage
 from streaming.realtime_admission import RealtimeAdmission
@@ -263,6 +265,32 @@ def test_a_vanished_engine_ends_every_session_fails_calls_at_once_and_is_found_a
     assert ended.errors[-1].code == "engine_unavailable" and ended.errors[-1].fatal
     assert state is EngineState.UNAVAILABLE and refused_s < 0.1
     assert again.done is not None and len(again.pcm) > 0
+
+
+def test_an_engine_service_drains_until_its_sessions_close_then_closes_the_link(socket_path) -> None:
+    """EngineService, the life `fishgate engine` and the Ray engine replica share: a drain reaches the gateway while a
+    running session goes on; it is done once that session closes; close ends the link and stops the engine."""
+
+    async def main():
+        with running_engine(max_sessions=2, warm_up=False) as engine:
+            service = EngineService(engine)
+            await service.start(claim_socket(socket_path))
+            async with attached(socket_path) as remote:
+                await until(lambda: remote.ready, "never ready")
+                session = await remote.admit(Voice(), SETTINGS)
+                service.drain(grace_s=60)
+                await until(lambda: remote.state is EngineState.DRAINING, "the gateway never heard the drain")
+                spoken = await speak(session, *TEXTS)
+                done_while_open = service.done
+                session.close()
+                await asyncio.wait_for(service.until_done(), WAIT_S)
+                await service.close()
+                await until(lambda: remote.state is EngineState.UNAVAILABLE, "the link stayed up")
+            return spoken, done_while_open, engine.state
+
+    spoken, done_while_open, state = asyncio.run(main())
+    assert spoken.done is not None and len(spoken.pcm) > 0
+    assert not done_while_open and state is EngineState.STOPPED
 
 
 @contextlib.asynccontextmanager
