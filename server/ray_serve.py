@@ -48,7 +48,7 @@ from .app import build_gateway, build_local_engine, create_app
 from .app import readyz as app_readyz
 from .cli import DrainingServer, uvicorn_config
 from .engine_replicas import HEARTBEAT_S, DirectoryTable, EngineEntry, ReplicaCollector, summary
-from .settings import ENGINE_PROCESS_SETTINGS, Settings, settings_from
+from .settings import ENGINE_PROCESS_SETTINGS, Settings, connections_for, settings_from
 from .workers import gateway_listener
 
 log = logging.getLogger(__name__)
@@ -352,10 +352,9 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     )
     engine_count = _count(ENGINES_ENV, engines_arg, gpus if on_gpu else 1)
     gateway_count = _count(GATEWAYS_ENV, gateways_arg, 1)
-    if gateway_settings.max_connections is None:  # the default's room for every session, of every engine, per gateway
+    if gateway_settings.max_connections is None:  # as `serve --engine` follows its engines: this gateway's share
         sessions = math.ceil(engine_settings.backend_config().max_sessions * engine_count / gateway_count)
-        gateway_args["max_connections"] = replace(engine_settings, max_sessions=sessions).resolved_max_connections
-        gateway_settings = settings_of(gateway_args)
+        gateway_args["max_connections"] = connections_for(sessions)
     token = engine_token()
     directory = EngineDirectory.bind()  # type: ignore[attr-defined]
     engines = EngineReplica.options(  # type: ignore[attr-defined]

@@ -31,7 +31,8 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from server.ray_serve import ENGINES_ENV, app_builder, settings_of, split_args  # noqa: E402
+from server.ray_serve import ENGINES_ENV, GATEWAYS_ENV, app_builder, settings_of, split_args  # noqa: E402
+from server.settings import connections_for  # noqa: E402
 from tests.server.conftest import free_port  # noqa: E402
 from tests.server.http_helpers import clip  # noqa: E402
 from tests.server.live_client import LiveClient, LiveResult, open_live, speak  # noqa: E402
@@ -136,6 +137,16 @@ def test_the_args_are_fishgate_settings_refused_before_any_replica_starts() -> N
     engine, gateway = split_args({"checkpoint": "/m", "profile": "throughput", "api_key": "k", "log_level": "info"})
     assert engine == {"checkpoint": "/m", "profile": "throughput", "log_level": "info"}
     assert gateway == {"api_key": "k", "log_level": "info"}
+
+
+def test_a_gateways_default_connection_cap_is_connections_for_its_share_of_the_engines_sessions(monkeypatch) -> None:
+    for variable in (ENGINES_ENV, GATEWAYS_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    app = app_builder({"max_sessions": 6, "engines": 3, "gateways": 2})
+    gateway_args = app._bound_deployment.init_args[2]  # the Gateway's bind(directory, engines, args, token)
+    assert gateway_args["max_connections"] == connections_for(9)  # 6 sessions × 3 engines over 2 gateways
+    given = app_builder({"max_sessions": 6, "max_connections": 40})._bound_deployment.init_args[2]
+    assert given["max_connections"] == 40
 
 
 def test_readyz_engines_and_metrics_name_both_replicas(cluster: Cluster) -> None:
