@@ -1,6 +1,7 @@
 """Engine replicas as fishgate's Ray Serve deployment sees them (server.ray_serve), in plain Python: the directory's
 table of their link addresses (each registered by a heartbeat, expired ENTRY_TTL_S after its last), and what a
-gateway reports of them: the `/engines` summary and the per-replica Prometheus series.
+gateway reports of them: the `/engines` summary and `fishgate_engine_replica_info`, which names each engine's
+replica, rank, node and pid for the per-engine figures every pool gateway has (fishgate_engine_replica, server.gateway).
 
 Imports no Ray (the deployments do): tested without a cluster. A gateway's per-replica figures come from its pool's
 links (streaming.engine_link.pool): each engine's counters as of its last STATS, at most a second old.
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 # An engine replica registers every HEARTBEAT_S; the directory forgets it after this long without one (three missed
 # heartbeats): a replica killed without a goodbye leaves the gateways' pools within it (its sessions ended already,
@@ -114,38 +115,22 @@ def summary(entries: Sequence[EngineEntry], pool: _Pool, expected: int) -> dict[
     return {"expected": max(expected, len(rows)), "ready": sum(r["ready"] for r in rows), "engines": rows}
 
 
-class ReplicaCollector:
-    """Prometheus series per engine replica for a gateway's registry, labelled `replica` (its Serve id; a restarted
-    replica gets a new one), `rank` (Serve's, 0 … N-1 once settled: a dashboard's line per rank outlives restarts) and
-    `engine` (its address, the label of fishgate_engine_replica, which has every counter of each engine: join on it):
+class ReplicaInfo:
+    """`fishgate_engine_replica_info{engine, replica, rank, node, pid} 1` for each engine replica the directory lists:
+    Ray's names for the engine that fishgate_engine_replica labels by its address alone. `replica` is Serve's id (a
+    restarted replica gets a new one), `rank` Serve's 0 … N-1 once settled (a dashboard's line per rank outlives
+    restarts). Join on `engine`: `fishgate_engine_replica{what="sessions"} * on(engine) group_left(rank, node)
+    fishgate_engine_replica_info`. A gauge, not prometheus_client's Info, whose family would be named
+    fishgate_engine_replica as the per-engine gauge is."""
 
-    fishgate_replica_up                    1 while the replica takes sessions, with its node and pid
-    fishgate_replica_streams               sessions open on it (every gateway's)
-    fishgate_replica_first_audio_seconds   a summary: its worker's way to each utterance's first audio (count and sum
-                                           since it started: rate(sum) / rate(count) is the mean over a window)
-    """
-
-    def __init__(self, entries: Callable[[], Sequence[EngineEntry]], pool: _Pool) -> None:
+    def __init__(self, entries: Callable[[], Sequence[EngineEntry]]) -> None:
         self._entries = entries
-        self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["replica", "rank", "engine"]
-        up = GaugeMetricFamily("fishgate_replica_up", "1 while the engine replica takes sessions",
-                               labels=[*labels, "node", "pid"])  # fmt: skip
-        streams = GaugeMetricFamily("fishgate_replica_streams", "sessions open on the engine replica", labels=labels)
-        first = SummaryMetricFamily(
-            "fishgate_replica_first_audio_seconds", "the engine's way to each utterance's first audio (worker side)",
-            labels=labels,
+        info = GaugeMetricFamily(
+            "fishgate_engine_replica_info", "each engine replica's Serve id, rank, node and pid, by its address",
+            labels=["engine", "replica", "rank", "node", "pid"],
         )  # fmt: skip
-        per_engine: Mapping[str, Mapping[str, Any]] = self._pool.stats().get("engines", {})
-        for entry in self._entries():
-            stats = per_engine.get(entry.address)
-            if stats is None:
-                continue  # not linked by this gateway yet
-            ids = [entry.replica_id, str(entry.rank), entry.address]
-            up.add_metric([*ids, entry.node_ip, str(entry.pid)], float(stats.get("ready", 0)))
-            streams.add_metric(ids, float(stats.get("sessions", 0)))
-            utterances, first_s = first_audio(stats)
-            first.add_metric(ids, count_value=utterances, sum_value=first_s)
-        yield from (up, streams, first)
+        for e in self._entries():
+            info.add_metric([e.address, e.replica_id, str(e.rank), e.node_ip, str(e.pid)], 1.0)
+        yield info

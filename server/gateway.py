@@ -100,7 +100,8 @@ class Metrics:
             "fishgate_gpu_memory_bytes", "GPU memory allocated by the engine", registry=r,
             multiprocess_mode="mostrecent",
         )  # fmt: skip
-        # with a pool of engines (serve --engine A,B,…) each one's, by address; fishgate_engine has the pool's totals
+        # with a pool of engines (serve --engine A,B,…, a Ray gateway) each one's, by address; fishgate_engine has the
+        # pool's totals; a Ray gateway adds fishgate_engine_replica_info (server.engine_replicas): who each address is
         self.engine_replica = Gauge(
             "fishgate_engine_replica", "each engine of a pool: its state and counters", ["engine", "what"],
             registry=r, multiprocess_mode="mostrecent",

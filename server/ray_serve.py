@@ -47,7 +47,7 @@ from streaming.engine_link.sockets import listen
 from .app import build_gateway, build_local_engine, create_app
 from .app import readyz as app_readyz
 from .cli import DrainingServer, uvicorn_config
-from .engine_replicas import HEARTBEAT_S, DirectoryTable, EngineEntry, ReplicaCollector, summary
+from .engine_replicas import HEARTBEAT_S, DirectoryTable, EngineEntry, ReplicaInfo, summary
 from .settings import ENGINE_PROCESS_SETTINGS, Settings, connections_for, settings_from
 from .workers import gateway_listener
 
@@ -228,9 +228,10 @@ class GatewayReplica:
     replicas on one node share the port (the kernel spreads connections), and during a rolling upgrade the new replica
     listens before the old one drains. Serve places, health-checks and replaces it, but carries none of its traffic:
     Serve's proxy relays every WebSocket message and compresses each one (docs/DECISIONS.md). Adds `/engines`
-    (per-replica summary), the engine counts on `/readyz` (`expected`: replicas the deployment wants) and per-replica
-    series on `/metrics`. `engines` is the engine deployment's handle: bound here so that the application deploys it;
-    audio never goes through it."""
+    (per-replica summary), the engine counts on `/readyz` (`expected`: replicas the deployment wants) and, on
+    `/metrics`, `fishgate_engine_replica_info` (each engine's replica, rank, node and pid beside the pool's per-engine
+    fishgate_engine_replica). `engines` is the engine deployment's handle: bound here so that the application deploys
+    it; audio never goes through it."""
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits a coroutine constructor
         self, directory: DeploymentHandle, engines: DeploymentHandle, args: dict[str, Any], token: str
@@ -245,7 +246,7 @@ class GatewayReplica:
         app = create_app(settings, self.gateway)
         # ahead of the app's own routes: /readyz answers as the app does, plus the deployment's engine count
         app.router.routes[0:0] = [Route("/readyz", self.readyz), Route("/engines", self.engines)]
-        self.gateway.metrics.registry.register(ReplicaCollector(lambda: self.entries, self.pool))
+        self.gateway.metrics.registry.register(ReplicaInfo(lambda: self.entries))
         listener = gateway_listener(settings.host, settings.port)  # OSError: Serve reports it and retries
         self.server = DrainingServer(uvicorn_config(settings, app), self.gateway)
         loop = asyncio.get_running_loop()

@@ -158,8 +158,10 @@ def test_readyz_engines_and_metrics_name_both_replicas(cluster: Cluster) -> None
     assert all(r["state"] == "ready" and r["address"].startswith("tcp:") for r in rows)
     metrics = cluster.get("/metrics").text
     for row in rows:
-        assert f'fishgate_replica_up{{engine="{row["address"]}"' in metrics
-        assert f'rank="{row["rank"]}",replica="{row["replica_id"]}"' in metrics
+        assert f'fishgate_engine_replica{{engine="{row["address"]}",what="ready"}} 1.0' in metrics
+        labels = (f'engine="{row["address"]}",node="{row["node_ip"]}",pid="{row["pid"]}",rank="{row["rank"]}",'
+                  f'replica="{row["replica_id"]}"')  # fmt: skip
+        assert f"fishgate_engine_replica_info{{{labels}}} 1.0" in metrics
 
 
 async def open_turns(cluster: Cluster, count: int, text: str) -> list[tuple[Any, LiveClient, LiveResult]]:
