@@ -1,5 +1,6 @@
 """Sentence corpus for the teacher voice: read English text shipped in Debian and Python packages, split it into
-speakable sentences of 3-30 words, dedupe, and split off a fixed held-out test set that training never sees.
+speakable sentences, pack them into items of 3-30 words, add single short sentences of 1-5 words (training only),
+dedupe, and split off a fixed held-out test set that training never sees.
 
 Owns the sources (paths, licences, caps), sentence splitting, the speakability filter and the split. It doesn't
 know how text is spoken (model/text_normalize.py) nor about audio (teacher.py). Run ``python -m training.corpus``.
@@ -15,8 +16,8 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from model.text_normalize import normalize_text, words_for_scoring
@@ -31,6 +32,12 @@ FORTUNE_SKIP = frozenset({"ascii-art", "translate-me", "ethnic", "men-women"})
 DEVIL_PATH = Path("/usr/share/dictd/devil.dict.dz")
 JARGON_PATH = Path("/usr/share/doc/jargon-text/jargon.txt.gz")
 DICTIONARY_PATH = Path("/usr/share/dict/american-english")
+# The voice gate's two held-out sets (training/wer_gate.py reads them from here): never trained on.
+HELDOUT_PATH = Path(__file__).with_name("data") / "heldout.jsonl"
+SHORT_PHRASES_PATH = Path(__file__).with_name("data") / "short_phrases.jsonl"
+# Items kept per source, a hash-chosen subset so that raising a cap only adds items: archaic or technical text
+# shouldn't dominate the voice. Corpus v1 (e638f06d...) had jargon 2,000 and kjv 3,000; issue 41 raised both.
+MAX_ITEMS: Mapping[str, int] = {"jargon": 6000, "kjv": 6000, "pyref": 1000}
 # Words the normaliser itself writes that the word list lacks.
 NORMALISER_WORDS = frozenset({"cetera", "miz", "missus", "messieurs"})
 # Slurs and strong profanity, stored as sha256(word)[:16] so the list itself stays unreadable; a unit holding any
@@ -51,6 +58,10 @@ _UNSPEAKABLE_RAW = re.compile(
     r"\b[A-Z]+(?:-[A-Z]+){2,}\b"
 )
 _SPEAKER_LABEL = re.compile(r"^\s*[A-Z][\w .']{0,20}:\s")
+# Short items only. Dialogue is the most conversational text the sources hold, so a speaker label ('Wife: ...') is
+# cut and quoted speech ('"Yes," she said.') is also taken alone; dictionary cross-references and list numbers aren't.
+_QUOTED = re.compile(r'"([A-Z][^"]{0,60}?)([.!?,])"')
+_NOT_SHORT = re.compile(r"^(?:See|Compare|Cf\.)\s|^\(?\d+[.)]")
 # Dictionary-entry markers ('Viking, n. Daring...'): Piper would spell the letter out.
 _PART_OF_SPEECH = re.compile(r",\s*(?:n|adj|adv|v|vt|vi|pp|pl|pro|prep|conj|interj)\.?:?(?=\s)")
 # Held-out text must not hinge on how Whisper formats digits or acronyms, which the voice can't influence.
@@ -71,7 +82,6 @@ class Source:
     package: str
     licence: str
     reader: Callable[[], Iterator[str]]
-    max_items: int | None = None  # cap so archaic or technical text doesn't dominate the voice
     test_eligible: bool = True  # False for text whose words Whisper can't be expected to know
     dpkg_package: str | None = None  # whose version is recorded (None: the running Python's)
 
@@ -85,6 +95,11 @@ class CorpusConfig:
     test_max_words: int = 25
     min_known_fraction: float = 0.9  # share of words found in the word list (test items need all of them)
     salt: str = SPLIT_SALT
+    max_items: Mapping[str, int] = field(default_factory=lambda: dict(MAX_ITEMS))  # by source name; absent: no cap
+    # Single sentences of 1..short_max_words words (never packed, never held out) so the teacher also speaks short
+    # utterances (issue 41); short_max_items=0 leaves them out, as corpus v1 did.
+    short_max_words: int = 5
+    short_max_items: int = 4000
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +117,8 @@ class SourceStats:
     package: str
     licence: str
     passages: int
-    items: int
+    items: int  # packed items after the cap (held-out ones included, overlap drops not yet taken)
+    short_items: int = 0
     version: str = ""
 
 
@@ -112,7 +128,10 @@ class CorpusStats:
     n_train: int = 0
     n_test: int = 0
     n_train_words: int = 0
-    dropped_overlap: int = 0
+    n_short: int = 0  # short training items (1..short_max_words words), part of n_train
+    short_candidates: int = 0  # distinct new short sentences before short_max_items
+    dropped_overlap: int = 0  # packed training items that hold a held-out item or lie inside one
+    dropped_phrases: int = 0  # items (packed or short) whose words equal a held-out short phrase
 
 
 def _read_text(path: Path) -> str:
@@ -201,12 +220,12 @@ SOURCES: tuple[Source, ...] = (
            read_fortunes, dpkg_package="fortunes-min"),
     Source("devil", "dict-devil", "public domain (Ambrose Bierce, The Devil's Dictionary, 1911)", read_devil,
            dpkg_package="dict-devil"),
-    Source("jargon", "jargon-text", "public domain (The Jargon File 4.4.7)", read_jargon, max_items=2000,
-           test_eligible=False, dpkg_package="jargon-text"),
+    Source("jargon", "jargon-text", "public domain (The Jargon File 4.4.7)", read_jargon, test_eligible=False,
+           dpkg_package="jargon-text"),
     Source("kjv", "bible-kjv-text (read with bible-kjv)", "public domain (King James Version, 1611)", read_kjv,
-           max_items=3000, test_eligible=False, dpkg_package="bible-kjv-text"),
+           test_eligible=False, dpkg_package="bible-kjv-text"),
     Source("pyref", "python3 stdlib pydoc_data", "PSF-2.0 (Python language reference)", read_python_reference,
-           max_items=1000, test_eligible=False),
+           test_eligible=False),
 )  # fmt: skip
 
 
@@ -293,6 +312,26 @@ def passage_units(
     yield from _pack(run, target, config)
 
 
+def short_sentences(passage: str, dictionary: frozenset[str], config: CorpusConfig) -> Iterator[tuple[str, str, int]]:
+    """Sentences (and quoted speech) of 1..short_max_words words that pass the speakability rules, unpacked, as
+    (text, norm, n_words)."""
+    short = replace(config, min_words=1, max_words=config.short_max_words)
+    for sentence in split_sentences(re.sub(_SPEAKER_LABEL.pattern, "", passage, flags=re.MULTILINE)):
+        quoted = [m[1] + m[2].replace(",", ".") for m in _QUOTED.finditer(sentence)]
+        for text in (sentence, *quoted):
+            # the length check spares normalising long sentences (the slow part)
+            if len(text.split()) <= 2 * config.short_max_words and not _NOT_SHORT.match(text):
+                good = speakable(text, dictionary, short)
+                if good is not None:
+                    yield text, good[0], good[1]
+
+
+def load_phrase_keys(path: Path = SHORT_PHRASES_PATH) -> frozenset[str]:
+    """The gate's short phrases as scoring words ('thank you'): no training item may say exactly one of them."""
+    with path.open(encoding="utf-8") as f:
+        return frozenset(" ".join(words_for_scoring(json.loads(line)["norm"])) for line in f if line.strip())
+
+
 def _pack(
     run: list[tuple[str, str, int, float]], target: int, config: CorpusConfig
 ) -> Iterator[tuple[str, str, int, float]]:
@@ -309,22 +348,37 @@ def _pack(
         yield text, norm, n_words, known / n_words
 
 
+def _chosen(ids: list[str], cap: int | None, salt: str) -> set[str]:
+    """The ``cap`` ids with the smallest salted hash (all of them without a cap): a larger cap keeps a superset."""
+    return set(ids if cap is None else sorted(ids, key=lambda i: _digest(i, salt))[:cap])
+
+
 def build_corpus(
     sources: Iterable[Source] = SOURCES,
     *,
     config: CorpusConfig | None = None,
     dictionary: frozenset[str] | None = None,
+    held_out_phrases: frozenset[str] | None = None,
 ) -> tuple[list[CorpusItem], CorpusStats]:
-    """Read every available source, filter, dedupe and split; deterministic for the same installed sources."""
+    """Read every available source, filter, dedupe and split; deterministic for the same installed sources.
+
+    Packed items are drawn first and alone decide the held-out split, so the short items and the caps never move
+    it. ``held_out_phrases``: scoring words of the gate's short phrases (default: training/data's file)."""
     config = config or CorpusConfig()
     dictionary = dictionary if dictionary is not None else load_dictionary()
+    held_out_phrases = held_out_phrases if held_out_phrases is not None else load_phrase_keys()
     stats = CorpusStats()
     seen: set[str] = set()
     candidates: list[tuple[CorpusItem, bool]] = []
+    short_candidates: list[CorpusItem] = []
     for source in sources:
         n_passages, kept = 0, []
         for passage in source.reader():
             n_passages += 1
+            if config.short_max_items:
+                for text, norm, n_words in short_sentences(passage, dictionary, config):
+                    item_id = f"{source.name}-short-{_digest(_key(norm), config.salt)[:12]}"
+                    short_candidates.append(CorpusItem(item_id, source.name, text, norm, n_words))
             for text, norm, n_words, known in passage_units(passage, dictionary, config):
                 key = _key(norm)
                 if key in seen:
@@ -334,11 +388,8 @@ def build_corpus(
                 eligible = (source.test_eligible and known == 1.0 and not _NOT_FOR_TEST.search(text)
                             and config.test_min_words <= n_words <= config.test_max_words)  # fmt: skip
                 kept.append((item, eligible))
-        if source.max_items is not None and len(kept) > source.max_items:  # a hash-chosen, order-preserving subset
-            chosen = set(
-                sorted(range(len(kept)), key=lambda i: _digest(kept[i][0].id, config.salt))[: source.max_items]
-            )
-            kept = [k for i, k in enumerate(kept) if i in chosen]
+        chosen = _chosen([item.id for item, _ in kept], config.max_items.get(source.name), config.salt)
+        kept = [k for k in kept if k[0].id in chosen]
         stats.sources[source.name] = SourceStats(source.package, source.licence, n_passages, len(kept))
         candidates.extend(kept)
     test_ids = {
@@ -356,15 +407,47 @@ def build_corpus(
         key = _key(item.norm)
         if any(t in key or key in t for t in test_keys):  # a held-out sentence inside a training item, or vice versa
             stats.dropped_overlap += 1
+        elif " ".join(words_for_scoring(item.norm)) in held_out_phrases:
+            stats.dropped_phrases += 1
+        else:
+            items.append(item)
+    # Short items: new text only (not already an item of any source, capped or not, so the caps don't move them),
+    # not a held-out phrase, not inside a held-out item (whole words: 'no' is no leak of 'nothing').
+    shorts: list[CorpusItem] = []
+    for item in short_candidates:
+        key = _key(item.norm)
+        if key in seen:
             continue
-        items.append(item)
+        seen.add(key)
+        if " ".join(words_for_scoring(item.norm)) in held_out_phrases:
+            stats.dropped_phrases += 1
+        elif not any(f" {key} " in f" {t} " for t in test_keys):
+            shorts.append(item)
+    stats.short_candidates = len(shorts)
+    chosen = _chosen([item.id for item in shorts], config.short_max_items, config.salt)
+    shorts = [item for item in shorts if item.id in chosen]
+    for item in shorts:
+        stats.sources[item.source].short_items += 1
+    items.extend(shorts)
     # held-out items first (they are synthesised first), then training items in a hash order so that any prefix of
     # the corpus is a representative mix of all sources
     items.sort(key=lambda i: (i.split != "test", _digest(i.id, config.salt)))
     stats.n_test = sum(1 for i in items if i.split == "test")
     stats.n_train = len(items) - stats.n_test
     stats.n_train_words = sum(i.n_words for i in items if i.split == "train")
+    stats.n_short = len(shorts)
     return items, stats
+
+
+def heldout_mismatch(items: Iterable[CorpusItem], path: Path = HELDOUT_PATH) -> str | None:
+    """None when the corpus's test items are exactly the gate's held-out file (ids, text, norm), else why not."""
+    with path.open(encoding="utf-8") as f:
+        expected = [(r["id"], r["text"], r["norm"]) for r in map(json.loads, f)]
+    got = [(i.id, i.text, i.norm) for i in items if i.split == "test"]
+    if got == expected:
+        return None
+    missing = len(set(expected) - set(got))
+    return f"{len(got)} test items, {len(expected)} in {path}, {missing} of those missing or changed"
 
 
 def write_corpus(items: Iterable[CorpusItem], path: Path) -> None:
@@ -404,6 +487,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: sources missing (apt-get install the packages in training/README.md): {missing}",
               file=sys.stderr)  # fmt: skip
     items, stats = build_corpus(sources, config=CorpusConfig(n_test=args.n_test))
+    mismatch = heldout_mismatch(items) if args.n_test == N_TEST else None
+    if mismatch:
+        print(
+            f"error: the held-out split moved ({mismatch}); build with the package versions training/README.md "
+            "lists, or change SPLIT_SALT and regenerate training/data/heldout.jsonl on purpose",
+            file=sys.stderr,
+        )
+        return 1
     write_corpus(items, args.out)
     for source in sources:
         version = _dpkg_version(source.dpkg_package) if source.dpkg_package else sys.version.split()[0]

@@ -34,10 +34,10 @@ import numpy as np
 from streaming.sampling_defaults import SAMPLING_RANGES
 
 from .checkpoints import write_pcm16
+from .corpus import HELDOUT_PATH as HELDOUT
+from .corpus import SHORT_PHRASES_PATH as SHORT_PHRASES
 from .wer import SENTENCE_LEVELS, SHORT_PHRASE_LEVELS, Levels, WerReport, evaluate, load_whisper
 
-HELDOUT = Path(__file__).with_name("data") / "heldout.jsonl"
-SHORT_PHRASES = Path(__file__).with_name("data") / "short_phrases.jsonl"
 # each held-out set: its items and the levels it is judged by
 SETS: dict[str, tuple[Path, Levels]] = {
     "sentences": (HELDOUT, SENTENCE_LEVELS),

@@ -1,4 +1,5 @@
-"""Tests for training/corpus.py: sentence splitting, the speakability filter, dedupe and the held-out split.
+"""Tests for training/corpus.py: sentence splitting, the speakability filter, dedupe, the held-out split, the caps
+and the short items.
 
 Synthetic sources run everywhere; the Debian sources (fortunes, dict-devil, wamerican) are read when installed and
 skipped otherwise. No Piper, no Whisper.
@@ -11,6 +12,7 @@ import hashlib
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,11 @@ import pytest
 from training import corpus
 from training.corpus import (
     CorpusConfig,
+    CorpusItem,
     Source,
     build_corpus,
+    heldout_mismatch,
+    load_phrase_keys,
     read_corpus,
     speakable,
     split_sentences,
@@ -226,12 +231,81 @@ def test_a_training_passage_holding_a_held_out_sentence_is_dropped() -> None:
 
 
 def test_source_cap_keeps_a_stable_subset() -> None:
-    passages = _sentences(300, seed=3)
-    capped = [_source("gamma", passages, max_items=50)]
-    items, stats = build_corpus(capped, config=CorpusConfig(n_test=0), dictionary=DICTIONARY)
+    capped = [_source("gamma", _sentences(300, seed=3))]
+    config = CorpusConfig(n_test=0, max_items={"gamma": 50})
+    items, stats = build_corpus(capped, config=config, dictionary=DICTIONARY)
     assert len(items) == 50 == stats.sources["gamma"].items
-    again, _ = build_corpus(capped, config=CorpusConfig(n_test=0), dictionary=DICTIONARY)
+    again, _ = build_corpus(capped, config=config, dictionary=DICTIONARY)
     assert [i.id for i in items] == [i.id for i in again]
+
+
+def _short_passages() -> list[str]:
+    """Prose with short sentences between long ones, dialogue, a speaker label, a cross-reference, a list number."""
+    long = _sentences(400, seed=5)
+    short = [" ".join(s.split()[:n]).rstrip(".") + "." for n, s in zip([1, 2, 3, 4, 5] * 80, long, strict=True)]
+    passages = [f"{a} {b} {c}" for a, b, c in zip(long[::2], short, long[1::2], strict=False)]
+    passages += ['"Yes," she said to the old dog in the park.', "Doctor: Why not?\nJones: Because.",
+                 "See the dog.", "(3) The cat sat.", "The cat sat on the mat."]  # fmt: skip
+    return passages
+
+
+def test_short_items_are_single_sentences_capped_and_training_only() -> None:
+    dictionary = DICTIONARY | {"yes", "because"}
+    sources = [_source("alpha", _short_passages())]
+    config = CorpusConfig(n_test=20, max_items={}, short_max_items=60)
+    items, stats = build_corpus(sources, config=config, dictionary=dictionary, held_out_phrases=frozenset())
+    short = [i for i in items if "-short-" in i.id]
+    assert len(short) == 60 == stats.n_short < stats.short_candidates
+    assert all(i.split == "train" and 1 <= i.n_words <= config.short_max_words for i in short)
+    assert {i.n_words for i in short} == {1, 2, 3, 4, 5}
+    keys = [corpus._key(i.norm) for i in items]
+    assert len(set(keys)) == len(keys)  # a short sentence that already is an item isn't added twice
+
+    uncapped, all_stats = build_corpus(sources, config=replace(config, short_max_items=10_000),
+                                       dictionary=dictionary, held_out_phrases=frozenset())  # fmt: skip
+    texts = {i.text for i in uncapped if "-short-" in i.id}
+    assert {"Yes.", "Why not?", "Because."} <= texts  # dialogue: quoted speech and labelled lines
+    assert not {"See the dog.", "(3) The cat sat.", "The cat sat."} & texts  # cross-reference, list number, known
+    assert set(short) <= set(uncapped) and len(texts) == all_stats.short_candidates
+    assert [i for i in uncapped if i.split == "test"] == [i for i in items if i.split == "test"]
+
+    none, _ = build_corpus(sources, config=replace(config, short_max_items=0), dictionary=dictionary,
+                           held_out_phrases=frozenset())  # fmt: skip
+    assert none == [i for i in items if "-short-" not in i.id]  # short items only add, and move no split
+
+
+def test_held_out_short_phrases_never_reach_training() -> None:
+    phrases = frozenset({"why not", "the cat sat on the mat", "she said"})
+    items, stats = build_corpus([_source("alpha", _short_passages())], config=CorpusConfig(n_test=20),
+                                dictionary=DICTIONARY, held_out_phrases=phrases)  # fmt: skip
+    said = {" ".join(re.findall(r"[a-z']+", i.norm.lower())) for i in items}
+    assert not phrases & said
+    assert stats.dropped_phrases == 2  # 'Why not?' (short) and 'The cat sat on the mat.' (a packed item)
+    assert len(load_phrase_keys()) == 80  # the gate's set (training/data/short_phrases.jsonl)
+    assert "thank you" in load_phrase_keys()
+
+
+def test_raising_a_cap_adds_items_and_keeps_ids() -> None:
+    sources = [_source("alpha", [" ".join(_sentences(3, seed=n)) for n in range(100)]),
+               _source("beta", _short_passages(), test_eligible=False)]  # fmt: skip
+    small = CorpusConfig(n_test=30, max_items={"beta": 80}, short_max_items=40)
+    large = replace(small, max_items={"beta": 160}, short_max_items=80)
+    before, before_stats = build_corpus(sources, config=small, dictionary=DICTIONARY)
+    after, after_stats = build_corpus(sources, config=large, dictionary=DICTIONARY)
+    assert before_stats.sources["beta"].items == 80 and after_stats.sources["beta"].items == 160
+    assert before_stats.n_short == 40 and after_stats.n_short == 80
+    assert set(before) < set(after)  # every earlier item, same id, text and split; new ones in addition
+    assert [i for i in before if i.split == "test"] == [i for i in after if i.split == "test"]
+
+
+def test_heldout_mismatch_names_the_difference(tmp_path: Path) -> None:
+    items = [CorpusItem("a-1", "a", "One two three.", "One two three.", 3, "test"),
+             CorpusItem("a-2", "a", "Four five six.", "Four five six.", 3)]  # fmt: skip
+    path = tmp_path / "heldout.jsonl"
+    path.write_text('{"id": "a-1", "source": "a", "text": "One two three.", "norm": "One two three."}\n')
+    assert heldout_mismatch(items, path) is None
+    path.write_text('{"id": "a-2", "source": "a", "text": "Four five six.", "norm": "Four five six."}\n')
+    assert heldout_mismatch(items, path) == f"1 test items, 1 in {path}, 1 of those missing or changed"
 
 
 def test_write_and_read_round_trip(tmp_path: Path) -> None:
@@ -258,8 +332,9 @@ def test_real_fortunes_give_clean_items(tmp_path: Path) -> None:
     assert stats.sources["fortunes"].passages > 100
     assert len(items) > 200
     assert sum(i.split == "test" for i in items) == 20
+    assert sum("-short-" in i.id for i in items) > 20  # dialogue and one-liners
     for item in items:
-        assert 3 <= item.n_words <= 30
+        assert (1 if "-short-" in item.id else 3) <= item.n_words <= 30
         assert re.fullmatch(r"[A-Za-z .,?!;:'-]+", item.norm), item.norm
         assert not re.search(r"--\s*[A-Z][\w.]*(\s+[A-Z][\w.]*)*\s*$", item.text), item.text  # attributions cut
 
