@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", choices=tuple(SETS), default="sentences", help="the held-out set and its levels")
     parser.add_argument("--items", type=Path, help="JSONL rows with id, text, norm (default: the set's own)")
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--seed", type=int, default=0, help="sent in each request (the same seed, the same audio)")
     parser.add_argument("--out", type=Path, default=Path("build/wer_gate"))
     parser.add_argument("--require", choices=("none", "pass", "target"), default="none")
     for name in SAMPLING_FIELDS:
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     default_items, levels = SETS[args.set]
     items = read_heldout(args.items or default_items, args.limit)
     fields: dict[str, float | str] = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None}
+    fields["seed"] = args.seed
     if args.latency:
         fields["latency"] = args.latency
     if args.chunk_length:
