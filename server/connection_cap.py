@@ -9,6 +9,7 @@ higher, stays as a backstop for idle keep-alive HTTP connections, which hold no 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,7 +39,8 @@ class ConnectionCap:
     @property
     def cap(self) -> int:
         capacity = self.gateway.engine.capacity if self.follows_engine else 0
-        return connections_for(capacity) if capacity > 0 else self.fixed_cap
+        # `serve --workers N --engine ADDR`: each of the N gateways takes its share of the engine's sessions
+        return connections_for(math.ceil(capacity / self.gateway.settings.workers)) if capacity > 0 else self.fixed_cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

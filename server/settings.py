@@ -197,9 +197,9 @@ class Settings:
     workers: int = field(default=1, metadata={"flag": Flag(
         "gateway processes serving this port, sharing one engine (a child process, or --engine's)",
         "process",
-        more=": HTTP, WebSockets and audio encoding on more cores. Linux only. --max-connections and "
-        "--rate-limit-per-min stay the whole server's, shared out among the gateways; a gateway or engine child that "
-        "dies is restarted")})  # fmt: skip
+        more=": HTTP, WebSockets and audio encoding on more cores. Linux only. --max-connections (by default sized "
+        "from the engine's sessions) and --rate-limit-per-min stay the whole server's, shared out among the gateways; "
+        "a gateway or engine child that dies is restarted")})  # fmt: skip
 
     graphs_up_front: int | str | None = field(default=None, metadata={"flag": Flag(
         "capture decode and first-frame graphs only up to this batch bucket before ready; the rest while idle or on "

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import types
+from pathlib import Path
 
 import httpx
 import pytest
@@ -174,3 +176,21 @@ def test_a_gateway_on_a_resident_engine_caps_connections_by_that_engines_session
     assert ConnectionCap(app=None, gateway=fixed).cap == 40  # type: ignore[arg-type]  # an explicit cap stands
     local = types.SimpleNamespace(settings=parse_settings(["--max-sessions", "10"]), engine=engine)
     assert ConnectionCap(app=None, gateway=local).cap == 2 * 10 + 256  # type: ignore[arg-type]  # in-process engine
+
+
+def test_workers_in_front_of_a_resident_engine_share_its_sessions_connection_cap() -> None:
+    """`serve --workers 4 --engine ADDR`: each gateway follows the engine's sessions, its quarter of them, as `serve
+    --engine` alone follows all of them; with its own engine child or an explicit cap, the cap is fixed up front."""
+    from server.workers import _Supervisor
+
+    def gateway_of(args: list[str]) -> types.SimpleNamespace:
+        supervisor = _Supervisor(parse_settings(args), "unix:/tmp/fg-none.sock", 7860, own_engine=False,
+                                 metrics_dir=Path("/tmp/fg-none"))  # fmt: skip
+        return types.SimpleNamespace(settings=supervisor.gateway_settings, engine=types.SimpleNamespace(capacity=512))
+
+    attached = gateway_of(["--workers", "4", "--engine", "unix:/tmp/fg-none.sock"])
+    assert ConnectionCap(app=None, gateway=attached).cap == 2 * 128 + 256  # type: ignore[arg-type]
+    explicit = gateway_of(["--workers", "4", "--engine", "unix:/tmp/fg-none.sock", "--max-connections", "1000"])
+    assert ConnectionCap(app=None, gateway=explicit).cap == 250  # type: ignore[arg-type]
+    own = gateway_of(["--workers", "4", "--max-sessions", "10"])
+    assert ConnectionCap(app=None, gateway=own).cap == math.ceil((2 * 10 + 256) / 4)  # type: ignore[arg-type]
