@@ -1,0 +1,23 @@
+"""bench.resident end to end on the CPU's default model: every phase runs through the real commands (cold start,
+gateway restart, engine restarts) and lands in resident.json with its table (the figures themselves are the script's
+to report, never asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.resident import main
+
+
+def test_every_phase_runs_and_is_written(tmp_path: Path, capsys) -> None:
+    assert main(["--out", str(tmp_path), "--frames", "20"]) == 0
+    result = json.loads((tmp_path / "resident.json").read_text())
+    for key in ("cold_ready_s", "gateway_ready_s", "gateway_first_tts_s", "engine_restart_ready_s",
+                "engine_restart_compile_after_ready_ready_s"):  # fmt: skip
+        assert result[key] > 0, key
+    for level in ("steady", "after_gateway_restart", "after_engine_restart", "after_engine_restart_burst"):
+        assert result[level]["ok"] == result[level]["requests"] > 0, level
+    assert result["gateway_exit"] == 0 and result["engine_exit"] == 0  # both drained on SIGTERM
+    assert "engine_restart_compile_max_batch_1_ready_s" not in result  # a GPU-only variant
+    assert result["table"] in capsys.readouterr().out
