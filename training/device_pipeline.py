@@ -10,8 +10,8 @@ under one work folder, and each call only starts a stage, waits, or collects:
                 GPU, then trains the DualAR and the codec's GAN phase (encoder frozen: the codes stay valid) side by
                 side until the deadline
   start-dual-ar hold B: the DualAR on carried codes ∥ the decoder-only phase on carried shards (daemons)
-  start-teacher hold E: Piper speaks the corpus items a carried code pack lacks; their codes join the pack that
-                running DualARs re-read (daemon `teach`)
+  start-teacher hold E: Piper speaks the corpus items a carried code pack lacks (all, without one); their codes join
+                the pack that running DualARs re-read (daemon `teach`)
   wait          block until the orchestrator is done or N seconds have passed, printing progress, then collect
   collect       copy the small outputs (checkpoints, logs, codes, samples, ≤ 16 MiB each) into OUT
 
@@ -67,6 +67,34 @@ def _quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
+# Trainer flags that name a file. The daemons run in WORK/src, so these are made absolute where a call starts them:
+# a relative `--codes-refresh` would otherwise name no file there, and the trainer would silently never refresh.
+PATH_FLAGS = ("--resume", "--codes-refresh", "--config")
+
+
+def _flags(text: str) -> list[str]:
+    """One string of trainer flags → arguments, with the files of PATH_FLAGS made absolute."""
+    return _absolute_paths(shlex.split(text))
+
+
+def _absolute_paths(flags: list[str]) -> list[str]:
+    def absolute(name: str, value: str) -> str:
+        if name == "--config" and not value.endswith(".json"):  # a config's name (small, tiny, …)
+            return value
+        return str(Path(value).absolute())
+
+    out: list[str] = []
+    for flag in flags:
+        name, eq, value = flag.partition("=")
+        if eq and name in PATH_FLAGS:
+            out.append(f"{name}={absolute(name, value)}")
+        elif out and out[-1] in PATH_FLAGS:
+            out.append(absolute(out[-1], flag))
+        else:
+            out.append(flag)
+    return out
+
+
 def copy_code(repo: Path, work: Path) -> Path:
     """The packages the trainers import, copied once: later calls replace the checkout under running daemons."""
     src = work / "src"
@@ -96,9 +124,10 @@ def start_codec(args: argparse.Namespace) -> None:
     cmd = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--out", str(work / "codec"),
            "--train-seconds", str(args.seconds), "--total-seconds", str(args.seconds)]  # fmt: skip
     (work / "codec").mkdir(exist_ok=True)
-    daemon(cmd + args.extra, cwd=src, log_path=work / "codec.log", rc_path=work / "codec.rc")
+    extra = _absolute_paths(args.extra)
+    daemon(cmd + extra, cwd=src, log_path=work / "codec.log", rc_path=work / "codec.rc")
     (work / "codec_shards.json").write_text(json.dumps(shards))
-    log(work, f"codec started: {' '.join(cmd[3:] + args.extra)}")
+    log(work, f"codec started: {' '.join(cmd[3:] + extra)}")
 
 
 def start_rest(args: argparse.Namespace) -> None:
@@ -112,9 +141,9 @@ def start_rest(args: argparse.Namespace) -> None:
     cmd = [sys.executable, "-m", "training.device_pipeline", "orchestrate", "--work", str(work),
            "--deadline", str(deadline), "--teacher-workers", str(args.teacher_workers),
            "--piper-python", args.piper_python, "--teacher-shard-items", str(args.teacher_shard_items),
-           "--refresh-s", str(args.refresh_s), f"--dual-ar-args={json.dumps(shlex.split(args.dual_ar_args))}",
-           f"--gan-args={json.dumps(shlex.split(args.gan_args))}", f"--encode-device={args.encode_device}",
-           f"--codec-args={json.dumps(shlex.split(args.codec_args))}", "--codec-audio-s", str(args.codec_audio_s),
+           "--refresh-s", str(args.refresh_s), f"--dual-ar-args={json.dumps(_flags(args.dual_ar_args))}",
+           f"--gan-args={json.dumps(_flags(args.gan_args))}", f"--encode-device={args.encode_device}",
+           f"--codec-args={json.dumps(_flags(args.codec_args))}", "--codec-audio-s", str(args.codec_audio_s),
            "--codec-seconds", str(args.codec_seconds), "--codec-variants", *args.codec_variants]  # fmt: skip
     cmd += ["--codes-only"] if args.codes_only else []
     daemon(cmd, cwd=src, log_path=work / "orchestrator.log")
@@ -137,12 +166,12 @@ def start_dual_ar(args: argparse.Namespace) -> None:
         shutil.copyfile(args.codec, work / "codec" / "codec_resume.safetensors")
     shards = _copy_shards(args.shards, work)
     seconds = f"{args.seconds:.0f}"
-    runs = {"dual_ar": shlex.split(args.dual_ar_args)}
+    runs = {"dual_ar": _flags(args.dual_ar_args)}
     for variant in args.variant:
         name, _, extra = variant.partition("=")
         if not name.isidentifier() or f"dual_ar_{name}" in runs:
             raise SystemExit(f"--variant {variant!r}: give NAME=FLAGS with a distinct NAME of letters, digits, _")
-        runs[f"dual_ar_{name}"] = shlex.split(args.dual_ar_args) + shlex.split(extra)  # the variant's flags win
+        runs[f"dual_ar_{name}"] = _flags(args.dual_ar_args) + _flags(extra)  # the variant's flags win
     for name, extra_args in runs.items():
         cmd = [sys.executable, "-m", "training.dual_ar_train", "--codes", str(codes), "--out", str(work / name),
                "--train-seconds", seconds, "--total-seconds", seconds, *extra_args]  # fmt: skip
@@ -152,7 +181,7 @@ def start_dual_ar(args: argparse.Namespace) -> None:
         gan = [sys.executable, "-m", "training.codec_train", "train", "--shards", *shards, "--resume",
                str(work / "codec" / "codec_resume.safetensors"), "--out", str(work / "gan"), "--freeze-encoder",
                "--new-phase", "--train-seconds", seconds, "--total-seconds", seconds,
-               *shlex.split(args.gan_args)]  # fmt: skip
+               *_flags(args.gan_args)]  # fmt: skip
         daemon(gan, cwd=src, log_path=work / "gan.log", rc_path=work / "gan.rc")
         jobs.append("gan")
     rcs = [_quote(str(work / f"{name}.rc")) for name in jobs]
@@ -204,15 +233,24 @@ def start_teacher_hold(args: argparse.Namespace) -> None:
     """Hold E: Piper speaks the training items of the corpus that a carried code pack lacks, while DualARs train on
     that pack (`start-dual-ar` with `--codes-refresh WORK/codes_live.npz` in its flags). Every `--refresh-s` the new
     utterances are encoded with the pack's codec into WORK/codes_new.npz (they alone: it comes back) and
-    WORK/codes_live.npz (the pack plus them) is replaced; the trainers re-read it at their next epoch."""
+    WORK/codes_live.npz (the pack plus them) is replaced; the trainers re-read it at their next epoch. Without a
+    carried pack every training item is spoken and codes_live.npz holds only what was spoken here (start the DualAR
+    once it exists). The codec is a resume file or a checkpoint folder (the shipped `model/default_model`)."""
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     src = copy_code(Path.cwd(), work)
     from training.dual_ar_data import CodesPack
 
-    shutil.copyfile(args.base_codes, work / "base_codes.npz")
-    shutil.copyfile(args.codec, work / "teacher_codec.safetensors")
-    known = set(CodesPack.load(work / "base_codes.npz").ids)
+    known: set[str] = set()
+    if args.base_codes is not None:
+        shutil.copyfile(args.base_codes, work / "base_codes.npz")
+        known = set(CodesPack.load(work / "base_codes.npz").ids)
+    if args.codec.is_dir():  # a checkpoint folder: encode_codes loads it with model/'s own loader
+        codec = work / "teacher_codec"
+        shutil.copytree(args.codec, codec, dirs_exist_ok=True)
+    else:
+        codec = work / "teacher_codec.safetensors"
+        shutil.copyfile(args.codec, codec)
     kept = skipped = 0
     with args.corpus.open() as src_rows, (work / "corpus.jsonl").open("w") as rest:
         for line in src_rows:
@@ -224,7 +262,7 @@ def start_teacher_hold(args: argparse.Namespace) -> None:
             kept += 1
     deadline = time.time() + args.seconds
     cmd = [sys.executable, "-m", "training.device_pipeline", "teach", "--work", str(work), "--deadline",
-           str(deadline), "--workers", str(args.workers), "--piper-python", args.piper_python,
+           str(deadline), "--codec", str(codec), "--workers", str(args.workers), "--piper-python", args.piper_python,
            "--shard-items", str(args.shard_items), "--refresh-s", str(args.refresh_s),
            "--encode-device", args.encode_device]  # fmt: skip
     daemon(cmd, cwd=src, log_path=work / "teach.log", rc_path=work / "teach.rc")
@@ -239,7 +277,8 @@ def teach(args: argparse.Namespace) -> None:
 
     work: Path = args.work
     new, live = work / "codes_new.npz", work / "codes_live.npz"
-    base = CodesPack.load(work / "base_codes.npz")
+    base_file = work / "base_codes.npz"
+    base = CodesPack.load(base_file) if base_file.exists() else None  # none carried: the spoken codes alone
     teacher = _start_teacher(work, args.workers, args.piper_python, args.shard_items)
     encoded = 0
     try:
@@ -254,16 +293,18 @@ def teach(args: argparse.Namespace) -> None:
                 manifest, rows, hours = merge_manifests(work / "teacher")
                 if rows > encoded:
                     previous = new if new.exists() else None
-                    rc = _encode(work, manifest, work / "teacher_codec.safetensors", work / "codes_new_next.npz",
-                                 args.encode_device, previous, load_workers=4)  # fmt: skip
+                    rc = _encode(work, manifest, args.codec, work / "codes_new_next.npz", args.encode_device,
+                                 previous, load_workers=4)  # fmt: skip
                     if rc != 0:
                         log(work, f"encoding failed (rc {rc}); see encode.log")
                         break
                     os.replace(work / "codes_new_next.npz", new)
-                    merge_packs(base, CodesPack.load(new)).save(work / "codes_live_next.npz")
+                    spoken = CodesPack.load(new)
+                    (spoken if base is None else merge_packs(base, spoken)).save(work / "codes_live_next.npz")
                     os.replace(work / "codes_live_next.npz", live)
                     encoded = rows
-                    log(work, f"codes refreshed: {rows} new utterances ({hours:.2f} h) beside {len(base.ids)}")
+                    beside = len(base.ids) if base is not None else 0
+                    log(work, f"codes refreshed: {rows} new utterances ({hours:.2f} h) beside {beside}")
             if finished:
                 log(work, f"teacher finished (rc {teacher.returncode})")
                 break
@@ -437,12 +478,36 @@ def _own_file(rel: str) -> bool:
     )
 
 
+def _return_pack_in_parts(path: Path, out: Path) -> list[str]:
+    """A code pack over the return limit as `NAME.partK.npz` files of consecutive utterances, each at most
+    MAX_RETURN_BYTES (`encode_codes.merge_packs` joins them again, in order); the names written."""
+    from training.dual_ar_data import CodesPack
+
+    pack = CodesPack.load(path)
+    parts = -(-path.stat().st_size // MAX_RETURN_BYTES)
+    while True:
+        bounds = [round(k * len(pack.ids) / parts) for k in range(parts + 1)]
+        names = [f"{path.stem}.part{k}.npz" for k in range(parts)]
+        for name, lo, hi in zip(names, bounds, bounds[1:], strict=False):
+            CodesPack(
+                ids=pack.ids[lo:hi], texts=pack.texts[lo:hi], splits=pack.splits[lo:hi], codes=pack.codes[lo:hi],
+                samples_per_frame=pack.samples_per_frame, sample_rate_hz=pack.sample_rate_hz,
+            ).save(out / name)  # fmt: skip
+        if all((out / name).stat().st_size <= MAX_RETURN_BYTES for name in names):
+            return names
+        for name in names:
+            (out / name).unlink()
+        parts += 1
+
+
 def collect(work: Path, out: Path) -> None:
-    """Checkpoints as files of their own, everything small in one `small.tar.gz`: at most 8 files come back."""
+    """Checkpoints as files of their own, everything small in one `small.tar.gz`: at most 8 files come back. A code
+    pack over 16 MiB comes back in parts; codes_live.npz not beside codes_new.npz (the carried pack plus those)."""
     out.mkdir(parents=True, exist_ok=True)
     small: list[str] = []
     extra = sorted(str(p.relative_to(work)) for p in work.glob("codec_*/codec_*") if p.is_file())
-    extra += sorted(p.name for p in work.glob("codes_*.npz") if p.name not in ("codes_live.npz", "codes_next.npz"))
+    # not the packs being written now (`*_next.npz`)
+    extra += sorted(p.name for p in work.glob("codes_*.npz") if p.name != "codes_live.npz" and "_next" not in p.name)
     extra += sorted(p.name for p in work.glob("codec_*.log"))
     for run in sorted(work.glob("dual_ar_*/")):  # hold B's variants
         # the final weights (a best-by-validation-loss checkpoint can come before the model reads the text)
@@ -450,11 +515,17 @@ def collect(work: Path, out: Path) -> None:
         extra += [f"{run.name}/{name}" for name in names]
         extra.append(f"{run.name}.log")
     carried = (work / "carried_codes.npz").exists()  # hold B: the codec came from here
+    teacher_hold = (work / "codes_new.npz").exists()  # hold E: codes_live.npz is the carried pack plus codes_new.npz
     for rel in RETURNED + extra:
         path = work / rel
         if not path.is_file() or (carried and rel == "codec/codec_resume.safetensors"):
             continue
-        if path.stat().st_size > MAX_RETURN_BYTES:
+        if teacher_hold and rel == "codes_live.npz":
+            continue
+        if path.stat().st_size > MAX_RETURN_BYTES and rel.startswith("codes_") and rel.endswith(".npz"):
+            parts = _return_pack_in_parts(path, out)
+            print(f"{rel} returned in {len(parts)} parts: {', '.join(parts)}", flush=True)
+        elif path.stat().st_size > MAX_RETURN_BYTES:
             print(f"not returned (over 16 MiB): {rel}", flush=True)
         elif _own_file(rel):
             shutil.copyfile(path, out / rel.replace("/", "__"))
@@ -536,8 +607,10 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("start-teacher")
     t.add_argument("--work", type=Path, required=True)
     t.add_argument("--corpus", type=Path, required=True)
-    t.add_argument("--base-codes", type=Path, required=True, help="the pack the trainers start from")
-    t.add_argument("--codec", type=Path, required=True, help="the codec resume file that made that pack")
+    t.add_argument("--base-codes", type=Path, help="the pack the trainers start from (none: speak every item)")
+    t.add_argument(
+        "--codec", type=Path, required=True, help="what made that pack: a codec resume file or a checkpoint folder"
+    )
     t.add_argument("--seconds", type=float, required=True, help="stop speaking and encoding after this long")
     t.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 4) - 3))
     t.add_argument("--piper-python", default=sys.executable)
@@ -547,6 +620,7 @@ def main(argv: list[str] | None = None) -> None:
     e = sub.add_parser("teach")
     e.add_argument("--work", type=Path, required=True)
     e.add_argument("--deadline", type=float, required=True)
+    e.add_argument("--codec", type=Path, required=True)
     e.add_argument("--workers", type=int, required=True)
     e.add_argument("--piper-python", required=True)
     e.add_argument("--shard-items", type=int, required=True)
@@ -575,6 +649,10 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--work", type=Path, required=True)
     k.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    # the daemons run in WORK/src: relative paths handed to them would name other files there
+    args.work = args.work.absolute()
+    if "/" in getattr(args, "piper_python", ""):  # a path, not a command on PATH (absolute(): keep a venv's link)
+        args.piper_python = str(Path(args.piper_python).absolute())
     if args.command == "start-codec":
         start_codec(args)
     elif args.command == "start-rest":

@@ -7,8 +7,10 @@ daemons with a stand-in for Piper's process.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +18,15 @@ import tarfile
 import time
 from pathlib import Path
 
-from training.device_pipeline import MAX_RETURN_BYTES, _audio_prefix, collect
+import numpy as np
+import pytest
+
+from model.weights import write_safetensors
+from training import device_pipeline
+from training.checkpoints import load_resume
+from training.device_pipeline import MAX_RETURN_BYTES, _audio_prefix, _flags, collect
 from training.dual_ar_data import CodesPack
+from training.encode_codes import merge_packs
 from training.teacher import PIPER_LAUNCHER, TeacherConfig, piper_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +55,43 @@ def test_collect_returns_checkpoints_and_one_archive(tmp_path: Path) -> None:
             "DONE", "codec_codec-c128-g8.log", "codec_codec-c128-g8/codec_log.jsonl", "dual_ar/dual_ar_log.jsonl",
             "pipeline.log", "teacher/manifest.jsonl",
         ]  # fmt: skip
+
+
+def test_collect_returns_a_pack_over_the_limit_in_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold's codes outgrow one returned file (16 MiB, ~22 h of speech): they come back as parts that join into
+    the pack again; codes_live.npz (the carried pack plus codes_new.npz) and packs being written stay."""
+    rng = np.random.default_rng(0)
+    pack = CodesPack(
+        ids=[f"u{i:02d}" for i in range(40)], texts=[f"text {i}." for i in range(40)], splits=["train"] * 40,
+        codes=[rng.integers(0, 1024, (8, 150)).astype(np.int16) for _ in range(40)], samples_per_frame=2048,
+        sample_rate_hz=44100,
+    )  # fmt: skip
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    pack.save(work / "codes_new.npz")
+    pack.save(work / "codes_live.npz")
+    (work / "codes_new_next.npz").write_bytes(b"half written")
+    limit = (work / "codes_new.npz").stat().st_size // 3
+    monkeypatch.setattr(device_pipeline, "MAX_RETURN_BYTES", limit)
+    collect(work, out)
+    parts = sorted(out.glob("codes_new.part*.npz"), key=lambda p: int(p.stem.rsplit("part", 1)[1]))
+    assert len(parts) >= 3 and all(p.stat().st_size <= limit for p in parts)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(p.name for p in parts), "small.tar.gz"])
+    joined = functools.reduce(merge_packs, [CodesPack.load(p) for p in parts])
+    assert joined.ids == pack.ids and joined.texts == pack.texts
+    assert all(np.array_equal(a, b) for a, b in zip(joined.codes, pack.codes, strict=True))
+
+
+def test_trainer_flags_name_files_by_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemons run in WORK/src: a relative --codes-refresh would name no file there (the trainer would never
+    refresh, silently), a relative --resume would be refused."""
+    monkeypatch.chdir(tmp_path)
+    flags = _flags("--resume r/dual_ar.safetensors --codes-refresh=w/codes_live.npz --config small --p-history 0.5")
+    assert flags == ["--resume", str(tmp_path / "r/dual_ar.safetensors"),
+                     f"--codes-refresh={tmp_path / 'w/codes_live.npz'}", "--config", "small", "--p-history", "0.5"]  # fmt: skip
+    assert _flags("--config c.json --resume /abs/r.safetensors") == [
+        "--config", str(tmp_path / "c.json"), "--resume", "/abs/r.safetensors",
+    ]  # fmt: skip
 
 
 def test_gan_audio_prefix_takes_training_rows_up_to_the_budget(tmp_path: Path) -> None:
@@ -143,6 +189,7 @@ def test_hold_a_then_hold_b_run_end_to_end_with_a_stand_in_piper(tmp_path: Path)
         assert _wait_for(hold_c, 240) == "DONE"
         assert (hold_c / "dual_ar.rc").read_text().strip() == "0" and not (hold_c / "gan.log").exists()
         _hold_e_speaks_what_the_pack_lacks(tmp_path, corpus, hold_a)
+        _hold_f_speaks_everything_without_a_pack(tmp_path, corpus, hold_a)
     finally:  # the daemons outlive their starter by design: end them with the test
         _kill_processes_mentioning(str(tmp_path))
 
@@ -178,6 +225,47 @@ def _hold_e_speaks_what_the_pack_lacks(tmp_path: Path, corpus: Path, hold_a: Pat
     assert live.ids == base.ids + new.ids
     log = [json.loads(line) for line in (hold_e / "dual_ar" / "dual_ar_log.jsonl").read_text().splitlines()]
     assert max(row.get("refreshed_utterances", 0) for row in log) > len(base.ids)  # the trainer took the grown pack
+
+
+def _hold_f_speaks_everything_without_a_pack(tmp_path: Path, corpus: Path, hold_a: Path) -> None:
+    """Issue 41's plan: no carried pack, the codec as a checkpoint folder (model/default_model on the device), every
+    path relative to the checkout; the DualAR starts once the first codes exist and re-reads the growing pack."""
+    repo = tmp_path / "checkout"  # start-* copy model/ and training/ from the current folder
+    repo.mkdir()
+    for name in ("model", "training"):
+        (repo / name).symlink_to(REPO / name)
+    parts, meta = load_resume(hold_a / "codec" / "codec_resume.safetensors")
+    (repo / "codec").mkdir()
+    (repo / "codec" / "codec_config.json").write_text(json.dumps(meta["codec_config"]))
+    write_safetensors(parts["gen"], repo / "codec" / "generator.safetensors")
+    shutil.copyfile(corpus, repo / "corpus.jsonl")
+
+    def run(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "training.device_pipeline", *args], cwd=repo, check=True, timeout=60)
+
+    run("start-teacher", "--work", "f", "--corpus", "corpus.jsonl", "--codec", "codec", "--seconds", "200",
+        "--workers", "2", "--shard-items", "4", "--refresh-s", "1", "--piper-python", str(FAKE_PIPER),
+        "--encode-device", "cpu")  # fmt: skip
+    work = repo / "f"
+    deadline = time.monotonic() + 120
+    while not (work / "codes_live.npz").exists() and not (work / "teach.rc").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (work / "codes_live.npz").exists(), (work / "teach.log").read_text()[-2000:]
+    run("start-dual-ar", "--work", "f", "--codes", "f/codes_live.npz", "--seconds", "5",
+        "--dual-ar-args=--config tiny --device cpu --max-tokens 1024 --codes-refresh f/codes_live.npz")  # fmt: skip
+    assert _wait_for(work, 240) == "DONE"
+    while not (work / "teach.rc").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (work / "teach.rc").read_text().strip() == "0", (work / "teach.log").read_text()[-2000:]
+    assert (work / "dual_ar.rc").read_text().strip() == "0", (work / "dual_ar.log").read_text()[-2000:]
+    spoken = CodesPack.load(work / "codes_new.npz")
+    train = [json.loads(line)["id"] for line in corpus.read_text().splitlines() if '"train"' in line]
+    assert sorted(spoken.ids) == sorted(train) and CodesPack.load(work / "codes_live.npz").ids == spoken.ids
+    log = [json.loads(line) for line in (work / "dual_ar" / "dual_ar_log.jsonl").read_text().splitlines()]
+    assert any("refreshed_utterances" in row for row in log)  # the relative --codes-refresh named the live pack
+    run("collect", "--work", "f", "--out", "back")
+    back = sorted(p.name for p in (repo / "back").iterdir())
+    assert "codes_new.npz" in back and "codes_live.npz" not in back  # the same utterances: sent once
 
 
 def _kill_processes_mentioning(text: str) -> None:
