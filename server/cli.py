@@ -281,10 +281,9 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
         ws="websockets-sansio",
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=settings.ws_compression == "on",
-        # attached to a resident engine without --max-connections, the app's cap follows the engine's sessions
-        # (server.connection_cap): no backstop fixed from this process's own --max-sessions
+        # no backstop fixed from this process's own --max-sessions where the app's cap follows the engine's sessions
         limit_concurrency=None
-        if settings.engine is not None and settings.max_connections is None
+        if settings.connections_follow_engine
         else settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
         log_config=None,
         lifespan="on",

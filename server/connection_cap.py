@@ -31,9 +31,8 @@ class ConnectionCap:
         self.app = app
         self.gateway = gateway
         self.fixed_cap = gateway.settings.resolved_max_connections
-        # a gateway attached to a resident engine (--engine) without --max-connections: its own --max-sessions says
-        # nothing of that engine, so the cap follows the engine's (the pool's) sessions once it has said them
-        self.follows_engine = gateway.settings.engine is not None and gateway.settings.max_connections is None
+        # once the engine (the pool) has said its sessions (Settings.connections_follow_engine)
+        self.follows_engine = gateway.settings.connections_follow_engine
         self.open = 0  # the event loop is single-threaded: a plain counter
 
     @property

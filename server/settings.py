@@ -271,6 +271,12 @@ class Settings:
         return self.references_dir or Path.home() / ".cache" / "fishgate" / "references"
 
     @property
+    def connections_follow_engine(self) -> bool:
+        """Attached to a resident engine (--engine) without --max-connections: this process's own --max-sessions says
+        nothing of that engine, so the connection cap follows the engine's sessions (server.connection_cap)."""
+        return self.engine is not None and self.max_connections is None
+
+    @property
     def resolved_max_connections(self) -> int:
         """--max-connections, else room for every session twice over plus health checks, metrics and HTTP calls
         (a gateway attached with --engine: of its engine's sessions, once it knows them; server.connection_cap)."""

@@ -190,10 +190,10 @@ class _Supervisor:
         # the limits are the whole server's: each gateway enforces its share (the hash spreads connections evenly).
         # In front of an engine of its own (`--engine` absent) the connection cap is known now; in front of another
         # one it follows that engine's sessions, each gateway its 1/`workers` share (server.connection_cap)
-        follows_engine = settings.engine is not None and settings.max_connections is None
         self.gateway_settings = dataclasses.replace(
             settings, engine=address, port=port,
-            max_connections=None if follows_engine else math.ceil(settings.resolved_max_connections / n),
+            max_connections=None if settings.connections_follow_engine
+            else math.ceil(settings.resolved_max_connections / n),
             rate_limit_per_min=math.ceil(settings.rate_limit_per_min / n),
         )  # fmt: skip
         self.engine: _Child | None = None
