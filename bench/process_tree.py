@@ -1,7 +1,7 @@
 """CPU seconds of a process tree, read from /proc (Linux): a process and all its live descendants, each with its role
 (its Ray worker title, e.g. `ServeReplica:fishgate:Gateway`, or its program), and what each role spent between two
 readings. A process counts its own user+system time and that of the children it reaped (cutime+cstime), so a worker
-that exited between two readings still counts if its parent is in the tree. Used by bench.ray_cost; no fishgate imports.
+that exited between two readings still counts if its parent is in the tree. Used by bench.ray_cost (and its /proc reading by bench.serving); no fishgate imports.
 """
 
 from __future__ import annotations
@@ -18,15 +18,21 @@ RAY_PROGRAMS = (("gcs_server", "gcs_server"), ("raylet", "raylet"), ("log_monito
 BENCH_CHILDREN = (("--ray-child", "driver (serve.run)"), ("--link-child", "fishgate serve --engine"))
 
 
-def process_cpu(pid: int) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds of the process and its reaped children) from /proc/PID/stat; None if gone."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command's ")": state ppid pgrp session … utime (12th) stime cutime cstime,
+    times in clock ticks (os.sysconf("SC_CLK_TCK")); None if the process is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    # after the command's ")": state ppid pgrp ... utime (12th) stime cutime cstime
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[1]), sum(int(f) for f in fields[11:15]) / tick
+
+
+def process_cpu(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process and its reaped children) from /proc/PID/stat; None if gone."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    return int(fields[1]), sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def role_of(pid: int) -> str:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.process_tree import stat_fields
+
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: the load client and the measuring scripts come from here
 STOP_LIMIT_S = 60.0  # SIGTERM drains running utterances (--drain-grace-s, 20 s by default), then SIGKILL
 METRIC = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>[-+0-9.eEinfa]+)$")
@@ -224,12 +226,8 @@ def group_cpu_seconds(pgid: int) -> dict[int, float]:
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     out: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        # after the command's ")": state ppid pgrp session ... utime (12th) stime (13th)
-        if int(fields[2]) == pgid:
+        fields = stat_fields(stat.parent.name)
+        if fields is not None and int(fields[2]) == pgid:  # pgrp; then utime and stime, not the reaped children's
             out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
