@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streaming.engine_api import EngineHandle
 
+    from .gateway import Gateway
     from .settings import Settings
 
 EXIT_CONFIG_ERROR = 2  # the engine refused its configuration at start-up: a restart cannot help
@@ -122,7 +123,7 @@ def run_gateway(
     log = logging.getLogger("fishgate")
     gateway = build_gateway(settings, engine)
     app = create_app(settings, gateway)
-    server = DrainingServer(uvicorn_config(settings, app), gateway)
+    server = DrainingServer(uvicorn_config(gateway, app), gateway)
     gateway.on_fault = server.stop_now
     if control_fd is not None:
         from .workers import on_pipe_end
@@ -265,8 +266,8 @@ class DrainingServer:
         self.server.should_exit = True
 
 
-def uvicorn_config(settings: Settings, app: Any) -> Any:
-    """The ASGI server's settings for `app` (also what the tests' real servers run): WebSocket frame cap and
+def uvicorn_config(gateway: Gateway, app: Any) -> Any:
+    """The ASGI server's settings for `gateway`'s `app` (also what the tests' real servers run): WebSocket frame cap and
     compression (--ws-compression; uvicorn's default would negotiate it with every client that offers it), uvicorn's
     connection limit as a backstop above the app's own cap (server.connection_cap), no logging config of its own,
     a bounded graceful shutdown."""
@@ -274,6 +275,7 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
 
     from .connection_cap import UVICORN_BACKSTOP_EXTRA
 
+    settings = gateway.settings
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -283,7 +285,7 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
         ws_per_message_deflate=settings.ws_compression == "on",
         # no backstop fixed from this process's own --max-sessions where the app's cap follows the engine's sessions
         limit_concurrency=None
-        if settings.connections_follow_engine
+        if gateway.gateways_sharing_engine is not None
         else settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
         log_config=None,
         lifespan="on",

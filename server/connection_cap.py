@@ -9,7 +9,6 @@ higher, stays as a backstop for idle keep-alive HTTP connections, which hold no 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,7 +17,6 @@ from starlette.websockets import WebSocketClose
 from streaming.errors import Overloaded
 
 from .http_common import error_response
-from .settings import connections_for
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -27,36 +25,29 @@ UVICORN_BACKSTOP_EXTRA = 64  # uvicorn's connection limit = the cap + this (idle
 
 
 class ConnectionCap:
+    """The cap itself is the gateway's policy (Gateway.connection_cap); this middleware counts and refuses."""
+
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
-        self.fixed_cap = gateway.settings.resolved_max_connections
-        # once the engine (the pool) has said its sessions (Settings.connections_follow_engine)
-        self.follows_engine = gateway.settings.connections_follow_engine
-        self.open = 0  # the event loop is single-threaded: a plain counter
-
-    @property
-    def cap(self) -> int:
-        capacity = self.gateway.engine.capacity if self.follows_engine else 0
-        # `serve --workers N --engine ADDR`: each of the N gateways takes its share of the engine's sessions
-        return connections_for(math.ceil(capacity / self.gateway.settings.workers)) if capacity > 0 else self.fixed_cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if self.open >= self.cap:
+        gateway = self.gateway
+        if gateway.connections_open >= gateway.connection_cap:
             await self._refuse(scope, receive, send)
             return
-        self.open += 1
+        gateway.connections_open += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.open -= 1
+            gateway.connections_open -= 1
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = (
-            f"the server is holding its limit of {self.cap} connections; retry in a moment "
+            f"the server is holding its limit of {self.gateway.connection_cap} connections; retry in a moment "
             "(operators: raise --max-connections)"
         )
         response: ASGIApp = error_response(self.gateway, Overloaded(message))  # 503 JSON with Retry-After, counted

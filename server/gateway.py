@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 import os
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from streaming.engine_api import EngineHandle
 from streaming.errors import FishgateError
 from streaming.sampling_defaults import FISH_SAMPLING, SamplingDefaults
 
-from .settings import Settings
+from .settings import Settings, connections_for
 from .voices import VoiceStore
 
 # TTFA buckets, seconds: fine below 200 ms where a streaming gateway should live
@@ -90,6 +91,10 @@ class Metrics:
             "fishgate_live_connections", "open /v1/tts/live connections, idle ones between turns included",
             registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
+        self.connections = Gauge(
+            "fishgate_connections", "HTTP requests and WebSockets served now (open) and the cap on them (cap), summed "
+            "over the port's gateway processes", ["what"], registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.http_requests = Counter("fishgate_http_synthesis_total", "HTTP synthesis requests", ["api"], registry=r)
         self.errors = Counter("fishgate_errors_total", "errors sent to clients, by code", ["code"], registry=r)
         self.engine = Gauge(
@@ -153,6 +158,13 @@ class Gateway:
         self.draining = asyncio.Event()
         self.version = "0.1.0"
         self.on_fault: Callable[[], None] | None = None  # set by the CLI: stop the process on an engine fault
+        # the connection cap (server.connection_cap): where it follows the engine (Settings.connections_follow_engine),
+        # how many gateways share the engine's sessions, asked at each connection; None: the cap is fixed up front
+        self.gateways_sharing_engine: Callable[[], int] | None = (
+            (lambda: settings.workers) if settings.connections_follow_engine else None
+        )
+        self.connections_open = 0  # HTTP requests and WebSockets being served; one event loop: a plain counter
+        self._fixed_connection_cap = settings.resolved_max_connections
 
     # ---- identity -------------------------------------------------------------------------------------------------
     @property
@@ -166,6 +178,16 @@ class Gateway:
     def served_model_name(self, conn: HTTPConnection) -> str:
         """Clients may name any model (Fish's `model` header, OpenAI's `model`); we report what actually serves."""
         return self.model_name
+
+    @property
+    def connection_cap(self) -> int:
+        """HTTP requests and WebSockets this gateway serves at once: --max-connections; else, attached to engines,
+        room for its share of their sessions once they have said them; else room for its own --max-sessions."""
+        sharing = self.gateways_sharing_engine
+        capacity = self.engine.capacity if sharing is not None else 0
+        if sharing is None or capacity <= 0:
+            return self._fixed_connection_cap
+        return connections_for(math.ceil(capacity / max(1, sharing())))
 
     # ---- auth -----------------------------------------------------------------------------------------------------
     def api_key_of(self, conn: HTTPConnection) -> str | None:
@@ -238,6 +260,8 @@ class Gateway:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self.metrics.engine.labels(what=what).set(value)
         self.metrics.gpu_memory.set(self.engine.gpu_memory_bytes())
+        self.metrics.connections.labels(what="open").set(self.connections_open)
+        self.metrics.connections.labels(what="cap").set(self.connection_cap)
         engines = stats.get("engines")
         if isinstance(engines, dict):
             self._refresh_replicas(engines)

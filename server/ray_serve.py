@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import secrets
 import sys
@@ -48,7 +47,7 @@ from .app import build_gateway, build_local_engine, create_app
 from .app import readyz as app_readyz
 from .cli import DrainingServer, uvicorn_config
 from .engine_replicas import HEARTBEAT_S, DirectoryTable, EngineEntry, ReplicaInfo, summary
-from .settings import ENGINE_PROCESS_SETTINGS, Settings, connections_for, settings_from
+from .settings import ENGINE_PROCESS_SETTINGS, Settings, settings_from
 from .workers import gateway_listener
 
 log = logging.getLogger(__name__)
@@ -122,6 +121,13 @@ def _replica_logging(level: str) -> None:
             if handler not in logger.handlers:
                 logger.addHandler(handler)
         logger.propagate = not handlers  # else a line would also reach the root logger's stderr
+
+
+def _gateway_replicas() -> int:
+    """The gateway deployment's replicas as Serve has them now (a config's own `num_replicas` included, and updated
+    when it changes). Under autoscaling Serve gives none: then 1, so that no gateway refuses a connection for want of a
+    share while the engines still have sessions (they refuse beyond those themselves)."""
+    return max(1, int(serve.get_replica_context().world_size or 1))
 
 
 async def _within(awaitable: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
@@ -241,6 +247,8 @@ class GatewayReplica:
         _replica_logging(settings.log_level)
         self.pool = EnginePool(token=token)
         self.gateway = build_gateway(settings, self.pool)
+        if settings.max_connections is None:  # as `serve --workers N --engine`: a share of the pool's sessions
+            self.gateway.gateways_sharing_engine = _gateway_replicas
         self.entries: list[EngineEntry] = []
         self.expected = 0
         app = create_app(settings, self.gateway)
@@ -248,7 +256,7 @@ class GatewayReplica:
         app.router.routes[0:0] = [Route("/readyz", self.readyz), Route("/engines", self.engines)]
         self.gateway.metrics.registry.register(ReplicaInfo(lambda: self.entries))
         listener = gateway_listener(settings.host, settings.port)  # OSError: Serve reports it and retries
-        self.server = DrainingServer(uvicorn_config(settings, app), self.gateway)
+        self.server = DrainingServer(uvicorn_config(self.gateway, app), self.gateway)
         loop = asyncio.get_running_loop()
         self._serving = loop.create_task(self.server.serve([listener]))
         self._poller = loop.create_task(self._poll())
@@ -353,9 +361,6 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     )
     engine_count = _count(ENGINES_ENV, engines_arg, gpus if on_gpu else 1)
     gateway_count = _count(GATEWAYS_ENV, gateways_arg, 1)
-    if gateway_settings.max_connections is None:  # as `serve --engine` follows its engines: this gateway's share
-        sessions = math.ceil(engine_settings.backend_config().max_sessions * engine_count / gateway_count)
-        gateway_args["max_connections"] = connections_for(sessions)
     token = engine_token()
     directory = EngineDirectory.bind()  # type: ignore[attr-defined]
     engines = EngineReplica.options(  # type: ignore[attr-defined]

@@ -139,12 +139,13 @@ def test_the_args_are_fishgate_settings_refused_before_any_replica_starts() -> N
     assert gateway == {"api_key": "k", "log_level": "info"}
 
 
-def test_a_gateways_default_connection_cap_is_connections_for_its_share_of_the_engines_sessions(monkeypatch) -> None:
+def test_a_gateways_connection_cap_is_fixed_at_build_time_only_when_given(monkeypatch) -> None:
+    """Without --max-connections a gateway replica follows the pool's sessions at run time (checked on the cluster
+    below): a count fixed here would go stale when a config's `num_replicas` or autoscaling changes either side."""
     for variable in (ENGINES_ENV, GATEWAYS_ENV):
         monkeypatch.delenv(variable, raising=False)
-    app = app_builder({"max_sessions": 6, "engines": 3, "gateways": 2})
-    gateway_args = app._bound_deployment.init_args[2]  # the Gateway's bind(directory, engines, args, token)
-    assert gateway_args["max_connections"] == connections_for(9)  # 6 sessions × 3 engines over 2 gateways
+    gateway_args = app_builder({"max_sessions": 6, "engines": 3, "gateways": 2})._bound_deployment.init_args[2]
+    assert "max_connections" not in gateway_args  # the Gateway's bind(directory, engines, args, token)
     given = app_builder({"max_sessions": 6, "max_connections": 40})._bound_deployment.init_args[2]
     assert given["max_connections"] == 40
 
@@ -154,6 +155,11 @@ def test_readyz_engines_and_metrics_name_both_replicas(cluster: Cluster) -> None
     assert ready.status_code == 200
     assert ready.json() == {"ready": True, "state": "ready", "engines": {"ready": 2, "total": 2, "expected": 2}}
     rows = cluster.engines()
+    # the one gateway replica's connection cap: room for both engines' sessions (it has the pool to itself)
+    capacity = sum(r["capacity"] for r in rows)
+    assert capacity > 0 and f'fishgate_connections{{what="cap"}} {float(connections_for(capacity))}' in (
+        cluster.get("/metrics").text
+    )
     assert sorted(r["rank"] for r in rows) == [0, 1] and len({r["pid"] for r in rows}) == 2
     assert all(r["state"] == "ready" and r["address"].startswith("tcp:") for r in rows)
     metrics = cluster.get("/metrics").text

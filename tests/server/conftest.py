@@ -67,7 +67,7 @@ def start_server(tmp_path: Path, **overrides) -> Iterator[ServerHandle]:
     settings = Settings(port=free_port(), references_dir=tmp_path / "references", **overrides)
     gateway = build_gateway(settings)
     app = create_app(settings, gateway)
-    server = uvicorn.Server(uvicorn_config(settings, app))
+    server = uvicorn.Server(uvicorn_config(gateway, app))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     handle = ServerHandle(settings, gateway, server)

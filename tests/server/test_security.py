@@ -12,12 +12,13 @@ import math
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from server.connection_cap import ConnectionCap
-from server.settings import parse_settings
+from server.gateway import Gateway
+from server.settings import Settings, parse_settings
 from tests.server.conftest import API_KEY, ServerHandle, start_server
 from tests.server.http_helpers import assert_error, clip
 from tests.server.live_client import LiveClient, LiveResult, open_live
@@ -153,6 +154,13 @@ def test_connections_beyond_the_cap_get_503_and_the_server_recovers(tmp_path) ->
             time.sleep(0.1)
         else:
             pytest.fail("the server kept refusing after a connection closed")
+        metrics = httpx.get(f"{srv.base_url}/metrics", timeout=10).text  # 2 sockets and this scrape
+        assert 'fishgate_connections{what="open"} 3.0' in metrics and 'fishgate_connections{what="cap"} 3.0' in metrics
+
+
+def gateway_on(settings: Settings, engine: Any) -> Gateway:
+    """A gateway over a stand-in engine that only says its sessions (`capacity`), which is all the cap reads."""
+    return Gateway(settings, engine, voices=None)  # type: ignore[arg-type]  # the cap reads no voices
 
 
 def test_the_connection_cap_defaults_to_the_session_cap_with_room_and_refuses_zero() -> None:
@@ -166,16 +174,14 @@ def test_a_gateway_on_a_resident_engine_caps_connections_by_that_engines_session
     """`serve --engine ADDR` alone: its own --max-sessions says nothing of the engine's (a 512-session engine behind
     a gateway capped at 2 x 8 + 256 refused every client past the 272nd); the cap follows what the engine says."""
     engine = types.SimpleNamespace(capacity=0)  # not attached yet
-    gateway = types.SimpleNamespace(settings=parse_settings(["--engine", "unix:/tmp/fg-none.sock"]), engine=engine)
-    cap = ConnectionCap(app=None, gateway=gateway)  # type: ignore[arg-type]
-    assert cap.cap == 2 * 8 + 256  # until the engine has said its sessions: the default profile's
+    gateway = gateway_on(parse_settings(["--engine", "unix:/tmp/fg-none.sock"]), engine)
+    assert gateway.connection_cap == 2 * 8 + 256  # until the engine has said its sessions: the default profile's
     engine.capacity = 512  # a throughput engine (or a pool's sum)
-    assert cap.cap == 2 * 512 + 256
-    fixed = types.SimpleNamespace(settings=parse_settings(["--engine", "unix:/tmp/fg-none.sock", "--max-connections",
-                                                           "40"]), engine=engine)  # fmt: skip
-    assert ConnectionCap(app=None, gateway=fixed).cap == 40  # type: ignore[arg-type]  # an explicit cap stands
-    local = types.SimpleNamespace(settings=parse_settings(["--max-sessions", "10"]), engine=engine)
-    assert ConnectionCap(app=None, gateway=local).cap == 2 * 10 + 256  # type: ignore[arg-type]  # in-process engine
+    assert gateway.connection_cap == 2 * 512 + 256
+    fixed = gateway_on(parse_settings(["--engine", "unix:/tmp/fg-none.sock", "--max-connections", "40"]), engine)
+    assert fixed.connection_cap == 40  # an explicit cap stands
+    local = gateway_on(parse_settings(["--max-sessions", "10"]), engine)
+    assert local.connection_cap == 2 * 10 + 256  # in-process engine
 
 
 def test_workers_in_front_of_a_resident_engine_share_its_sessions_connection_cap() -> None:
@@ -183,14 +189,14 @@ def test_workers_in_front_of_a_resident_engine_share_its_sessions_connection_cap
     --engine` alone follows all of them; with its own engine child or an explicit cap, the cap is fixed up front."""
     from server.workers import _Supervisor
 
-    def gateway_of(args: list[str]) -> types.SimpleNamespace:
+    def gateway_of(args: list[str]) -> Gateway:
         supervisor = _Supervisor(parse_settings(args), "unix:/tmp/fg-none.sock", 7860, own_engine=False,
                                  metrics_dir=Path("/tmp/fg-none"))  # fmt: skip
-        return types.SimpleNamespace(settings=supervisor.gateway_settings, engine=types.SimpleNamespace(capacity=512))
+        return gateway_on(supervisor.gateway_settings, types.SimpleNamespace(capacity=512))
 
     attached = gateway_of(["--workers", "4", "--engine", "unix:/tmp/fg-none.sock"])
-    assert ConnectionCap(app=None, gateway=attached).cap == 2 * 128 + 256  # type: ignore[arg-type]
+    assert attached.connection_cap == 2 * 128 + 256
     explicit = gateway_of(["--workers", "4", "--engine", "unix:/tmp/fg-none.sock", "--max-connections", "1000"])
-    assert ConnectionCap(app=None, gateway=explicit).cap == 250  # type: ignore[arg-type]
+    assert explicit.connection_cap == 250
     own = gateway_of(["--workers", "4", "--max-sessions", "10"])
-    assert ConnectionCap(app=None, gateway=own).cap == math.ceil((2 * 10 + 256) / 4)  # type: ignore[arg-type]
+    assert own.connection_cap == math.ceil((2 * 10 + 256) / 4)
