@@ -271,22 +271,17 @@ def uvicorn_config(gateway: Gateway, app: Any) -> Any:
     compression (--ws-compression; uvicorn's default would negotiate it with every client that offers it), uvicorn's
     connection limit as a backstop above the app's own cap (server.connection_cap), no logging config of its own,
     a bounded graceful shutdown."""
-    import uvicorn
-
-    from .connection_cap import UVICORN_BACKSTOP_EXTRA
+    from .connection_cap import BackstoppedConfig
 
     settings = gateway.settings
-    return uvicorn.Config(
+    return BackstoppedConfig(
         app,
+        gateway,
         host=settings.host,
         port=settings.port,
         ws="websockets-sansio",
         ws_max_size=settings.max_frame_bytes,
         ws_per_message_deflate=settings.ws_compression == "on",
-        # no backstop fixed from this process's own --max-sessions where the app's cap follows the engine's sessions
-        limit_concurrency=None
-        if gateway.gateways_sharing_engine is not None
-        else settings.resolved_max_connections + UVICORN_BACKSTOP_EXTRA,
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=5,

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from server.cli import uvicorn_config
+from server.connection_cap import UVICORN_BACKSTOP_EXTRA
 from server.gateway import Gateway
 from server.settings import Settings, parse_settings
 from tests.server.conftest import API_KEY, ServerHandle, start_server
@@ -158,6 +160,28 @@ def test_connections_beyond_the_cap_get_503_and_the_server_recovers(tmp_path) ->
         assert 'fishgate_connections{what="open"} 3.0' in metrics and 'fishgate_connections{what="cap"} 3.0' in metrics
 
 
+def test_idle_keep_alive_connections_meet_uvicorns_backstop_above_the_cap(tmp_path) -> None:
+    """TCP connections that send no request are not counted by the app's cap; uvicorn's limit, the cap +
+    UVICORN_BACKSTOP_EXTRA, bounds them: past it a request gets uvicorn's 503, and once they go, service returns."""
+    import socket
+
+    with start_server(tmp_path, max_connections=3) as srv:
+        port = int(srv.base_url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3 + UVICORN_BACKSTOP_EXTRA)]
+        try:
+            time.sleep(0.3)  # the server has accepted them all
+            assert httpx.get(f"{srv.base_url}/healthz", timeout=10).status_code == 503
+        finally:
+            for sock in idle:
+                sock.close()
+        for _ in range(50):
+            if httpx.get(f"{srv.base_url}/healthz", timeout=10).status_code == 200:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the server kept refusing after the idle connections closed")
+
+
 def gateway_on(settings: Settings, engine: Any) -> Gateway:
     """A gateway over a stand-in engine that only says its sessions (`capacity`), which is all the cap reads."""
     return Gateway(settings, engine, voices=None)  # type: ignore[arg-type]  # the cap reads no voices
@@ -176,8 +200,11 @@ def test_a_gateway_on_a_resident_engine_caps_connections_by_that_engines_session
     engine = types.SimpleNamespace(capacity=0)  # not attached yet
     gateway = gateway_on(parse_settings(["--engine", "unix:/tmp/fg-none.sock"]), engine)
     assert gateway.connection_cap == 2 * 8 + 256  # until the engine has said its sessions: the default profile's
+    backstop = uvicorn_config(gateway, app=None)  # uvicorn's own limit, for idle keep-alive connections
+    assert backstop.limit_concurrency == 2 * 8 + 256 + UVICORN_BACKSTOP_EXTRA
     engine.capacity = 512  # a throughput engine (or a pool's sum)
     assert gateway.connection_cap == 2 * 512 + 256
+    assert backstop.limit_concurrency == 2 * 512 + 256 + UVICORN_BACKSTOP_EXTRA  # it follows, as the cap does
     fixed = gateway_on(parse_settings(["--engine", "unix:/tmp/fg-none.sock", "--max-connections", "40"]), engine)
     assert fixed.connection_cap == 40  # an explicit cap stands
     local = gateway_on(parse_settings(["--max-sessions", "10"]), engine)
