@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -169,7 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ttfa_args += ["--max-new-tokens", str(args.frames)]
         tts_body["max_new_tokens"] = args.frames
     env = {**client_env(), "TRITON_CACHE_DIR": str(out / "cache" / "triton")}
-    res: dict[str, Any] = {"what": "bench.resident", "device": args.device, "frames": args.frames}
+    res: dict[str, Any] = {"what": "bench.resident", "device": args.device, "frames": args.frames,
+                           "engine_args": args.engine_args}  # fmt: skip
 
     def save() -> None:  # after every phase, so a run cut short still leaves what it measured
         (out / "resident.json").write_text(json.dumps({**res, "table": table(res)}, indent=1))
@@ -179,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         base, live = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/tts/live"
         engine_args = ["engine", "--listen", address, *model_args, "--compile-cache-dir", str(out / "cache" / "inductor"),
-                       "--log-level", "info"]  # fmt: skip
+                       "--log-level", "info", *shlex.split(args.engine_args)]  # fmt: skip
         gateway_args = ["serve", "--engine", address, "--port", str(port), "--rate-limit-per-min", "1000000",
                         "--log-level", "warning", *gateway_extra]  # fmt: skip
         gateway = Proc(gateway_args, out / "gateway.log", env)
@@ -269,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     ap.add_argument("--checkpoint", type=Path, default=None, help="model folder (default: see above)")
     ap.add_argument("--frames", type=int, default=None, help="cap each request at this many frames")
+    ap.add_argument("--engine-args", default="", help='more `fishgate engine` flags for every launch, e.g. '
+                    '"--compile-tune-single-row off"')  # fmt: skip
     args = ap.parse_args(argv)
     res = run(args)
     return 0 if all(res.get(k) for k in ("cold_ready_s", "gateway_ready_s", "engine_restart_ready_s")) else 1

@@ -93,7 +93,9 @@ def event_ms(fn: Callable[[], object], iters: int = REPLAYS, warmup: int = 3) ->
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
-def build_stepper(checkpoint: Path, batches: list[int], device: torch.device) -> tuple[DecodeStepper, int, float]:
+def build_stepper(
+    checkpoint: Path, batches: list[int], device: torch.device, tune_single_row: bool = True
+) -> tuple[DecodeStepper, int, float]:
     """(stepper, semantic begin id, load seconds): the model as the engine loads it on this device."""
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
@@ -106,7 +108,7 @@ def build_stepper(checkpoint: Path, batches: list[int], device: torch.device) ->
     st = DecodeStepper(
         model, max(batches), max_seq_len=CACHE_LEN, use_cuda_graphs=cuda, length_buckets=[CACHE_LEN],
         compile_backend="inductor" if cuda else None, compile_max_batch=max(batches) if cuda else None,
-        tune_single_row=cuda,
+        tune_single_row=cuda and tune_single_row,
     )  # fmt: skip
     g = torch.Generator(device=device).manual_seed(0)
     for cache in (st.cache.k, st.cache.v):
@@ -149,13 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
     ap.add_argument("--batches", default="1", help="comma-separated batch buckets (powers of two), e.g. 1,64,256")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tune-single-row", choices=("on", "off"), default="on",
+                    help="compile the one-row bucket with coordinate-descent tuning, as the engine's default does")  # fmt: skip
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     tree = Path(decode_attention.__file__).resolve().parents[1]  # whose model/ this process imported
-    result: dict[str, Any] = {"what": "decode_step", "env": environment(), "tree": str(tree)}
+    result: dict[str, Any] = {"what": "decode_step", "env": environment(), "tree": str(tree),
+                              "tune_single_row": args.tune_single_row}  # fmt: skip
     t0 = time.perf_counter()
     try:
-        st, semantic_begin_id, load_s = build_stepper(args.checkpoint, batches, torch.device(args.device))
+        st, semantic_begin_id, load_s = build_stepper(
+            args.checkpoint, batches, torch.device(args.device), args.tune_single_row == "on"
+        )
         result["load_s"] = round(load_s, 1)
         result["graphs"] = st.use_cuda_graphs
         result["batches"] = time_batches(st, batches, semantic_begin_id)

@@ -11,7 +11,7 @@ from bench.resident import main
 
 
 def test_every_phase_runs_and_is_written(tmp_path: Path, capsys) -> None:
-    assert main(["--out", str(tmp_path), "--frames", "20"]) == 0
+    assert main(["--out", str(tmp_path), "--frames", "20", "--engine-args", "--max-sessions 16"]) == 0
     result = json.loads((tmp_path / "resident.json").read_text())
     for key in ("cold_ready_s", "gateway_ready_s", "gateway_first_tts_s", "engine_restart_ready_s",
                 "engine_restart_compile_after_ready_ready_s"):  # fmt: skip
@@ -21,3 +21,5 @@ def test_every_phase_runs_and_is_written(tmp_path: Path, capsys) -> None:
     assert result["gateway_exit"] == 0 and result["engine_exit"] == 0  # both drained on SIGTERM
     assert "engine_restart_compile_max_batch_1_ready_s" not in result  # a GPU-only variant
     assert result["table"] in capsys.readouterr().out
+    for log in ("engine.log", "engine_restart.log", "engine_restart_compile_after_ready.log"):  # every launch
+        assert "--max-sessions 16" in (tmp_path / log).read_text().splitlines()[0], log
