@@ -15,7 +15,7 @@ def test_the_step_is_timed_from_a_checkpoint(tmp_path) -> None:
     result = json.loads(out.read_text())
     assert result["graphs"] is False and [r["batch"] for r in result["batches"]] == [1]
     assert result["batches"][0]["step_call_ms"] > 0 and "graph_ms" not in result["batches"][0]
-    assert result["tune_single_row"] == "on"  # the engine's default; --tune-single-row off times the untuned step
+    assert result["tuned_single_row"] is False  # what the stepper compiled: tuning is for CUDA only
 
 
 def test_a_failure_is_in_the_json(tmp_path) -> None:
