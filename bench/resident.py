@@ -10,9 +10,12 @@
    /readyz 200, launch -> the first /v1/tts answered in full, then first audio at level 1 right away (full speed
    is the steady figure).
 3. **Engine restart on warm caches**: SIGTERM the engine, launch it again (the gateway stays up and reattaches):
-   launch -> /readyz 200, then first audio at level 1 right after ready. Once with the defaults, once with
-   `--compile-after-ready on` (then also the seconds until every compiled graph is in place), and on a GPU first
-   with only the one-row batch compiled (`--compile-max-batch 1`). After each: first audio at level 1, then 8 streams at once.
+   launch -> /readyz 200, then first audio at level 1 right after ready. With the defaults (twice on a GPU: a
+   start may rewrite the caches the next one reads), then with `--compile-after-ready on` (and the seconds until
+   every compiled graph is in place). After each: first audio at level 1, then 8 streams at once.
+
+Each launch's start-up line (the engine's phases, compile-cache counts) and, on a GPU, the tuned launch configs in
+the compile cache after it (`.best_config` files found by coordinate descent, and the others) go into the JSON.
 
 Without --checkpoint on a CUDA device the full-size random-weight checkpoint of bench.make_checkpoint is written
 into OUT_DIR (once); its end token is unreachable, so each request stops at --frames. On the CPU the embedded
@@ -209,10 +212,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f" s; first audio {brief(res['after_gateway_restart'])}", flush=True)  # fmt: skip
             save()
 
-            # the one-row-compiled engine first on a GPU: the candidate for the warm-restart figure, should a run be cut
+            res["engine_startup"] = startup_line(out / "engine.log")
+            res["engine_tuned_configs"] = tuned_configs(out / "cache" / "inductor")
             variants = [("engine_restart", []), ("engine_restart_compile_after_ready", ["--compile-after-ready", "on"])]
-            if args.device.startswith("cuda"):  # the CPU compiles nothing by default
-                variants.insert(0, ("engine_restart_compile_max_batch_1", ["--compile-max-batch", "1"]))
+            if args.device.startswith("cuda"):  # the CPU compiles nothing by default, so its restarts are all alike
+                variants.insert(1, ("engine_restart_again", []))
             for name, extra in variants:
                 res[f"{name}_exit"] = engine.stop()
                 engine = Proc([*engine_args, *extra], out / f"{name}.log", env)
@@ -224,6 +228,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if extra[:1] == ["--compile-after-ready"]:
                     waited = wait_graphs(base, GRAPH_WAIT_S)
                     res[f"{name}_graphs_done_s"] = None if waited is None else round(time.monotonic() - t0, 1)
+                res[f"{name}_startup"] = startup_line(out / f"{name}.log")
+                res[f"{name}_tuned_configs"] = tuned_configs(out / "cache" / "inductor")
                 print(f"{name}: ready {res[f'{name}_ready_s']:.1f} s; first audio {brief(res[f'after_{name}'])}; "
                       f"{BURST} at once {brief(res[f'after_{name}_burst'])}", flush=True)  # fmt: skip
                 save()
@@ -238,6 +244,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def startup_line(log: Path) -> dict[str, Any]:
+    """The engine's start-up line in `log` as numbers: its phases (s), decode graphs and compile-cache counts."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "engine ready in" in line]
+    if not lines:
+        return {}
+    inside = lines[-1].split("(", 1)[1].rsplit(")", 1)[0]
+    phases, graphs, _, caches = (inside.split("; ") + ["", "", ""])[:4]
+    out: dict[str, Any] = {}
+    for part in phases.split(", "):
+        name, _, value = part.rpartition(" ")[0].partition(" ")
+        out[name] = float(value) if value else None
+    out["decode_graphs"] = int(graphs.split()[0]) if graphs else None
+    for part in caches.removeprefix("compile caches: ").split(", "):
+        name, _, value = part.partition(" ")
+        if value.isdigit():
+            out[name] = int(value)
+    return out
+
+
+def compile_counts(r: dict[str, Any], launch: str) -> str:
+    startup = r.get(f"{launch}_startup") or {}
+    keys = ("fx_graphs_compiled", "fx_graphs_from_cache", "tuning_benchmarks")
+    return "—" if not all(k in startup for k in keys) else "{} / {}, {}".format(*(startup[k] for k in keys))
+
+
+def tuned_configs(cache: Path) -> dict[str, int]:
+    """Inductor's saved launch configs under `cache`: those coordinate descent found (a warm start reuses them) and
+    the others (a start that finds only these for a tuned kernel tunes it again)."""
+    counts = {"coordesc": 0, "other": 0}
+    for path in cache.rglob("*.best_config"):
+        try:
+            found = json.loads(path.read_text()).get("found_by_coordesc", False)
+        except (OSError, ValueError):
+            continue
+        counts["coordesc" if found else "other"] += 1
+    return counts
+
+
 def table(r: dict[str, Any]) -> str:
     def s(key: str, spec: str = "{:.1f} s") -> str:
         return number(r.get(key), spec)
@@ -250,13 +294,15 @@ def table(r: dict[str, Any]) -> str:
         ("gateway restart: launch → first /v1/tts answered", s("gateway_first_tts_s", "{:.2f} s")),
         ("first audio right after the gateway restart", brief(r.get("after_gateway_restart"))),
     ]
+    rows.append(("… its compile: FX graphs compiled / from cache, tuning benchmarks", compile_counts(r, "engine")))
     for name, label in (
         ("engine_restart", "engine restart, warm caches"),
+        ("engine_restart_again", "engine restart again, warm caches"),
         ("engine_restart_compile_after_ready", "engine restart, --compile-after-ready on"),
-        ("engine_restart_compile_max_batch_1", "engine restart, --compile-max-batch 1"),
     ):
         rows += [
             (f"{label}: launch → ready", s(f"{name}_ready_s")),
+            ("… its compile: FX graphs compiled / from cache, tuning benchmarks", compile_counts(r, name)),
             ("… first audio right after it, level 1", brief(r.get(f"after_{name}"))),
             (f"… then {BURST} streams at once", brief(r.get(f"after_{name}_burst"))),
         ]

@@ -5,7 +5,7 @@ with random frames, repetition windows and sampling (every 4th row greedy). A st
 commit off, so every replay does the same work; the figure is the median of REPLAYS between CUDA events.
 
 It imports nothing from bench/: bench.gpu runs this file with another tree first on PYTHONPATH, so the same
-measuring code times that tree's model. On CPU it times the eager step (no graphs, no compile): a check of the
+measuring code times that tree's model (and that tree's rule for which buckets compile with a symbolic batch). On CPU it times the eager step (no graphs, no compile): a check of the
 script, not a figure.
 
     python bench/step.py --checkpoint DIR --out step.json [--batches 1,64,256]
@@ -29,6 +29,11 @@ from model import decode_attention
 from model.checkpoint import load_dual_ar
 from model.frame import PENALTY_WINDOW_FRAMES
 from model.stepper import DecodeStepper
+
+try:  # the engine's rule in the tree under test (trees before it compiled every bucket static)
+    from streaming.backend import COMPILE_SYMBOLIC_BATCH_ABOVE
+except ImportError:
+    COMPILE_SYMBOLIC_BATCH_ABOVE = None
 
 CACHE_LEN = 4096  # the throughput servers' --max-seq-len: the step's one attention length with the length kernel
 POSITIONS = (1000, 1900)  # where a stream cloned from a ~30 s reference voice decodes
@@ -94,7 +99,11 @@ def event_ms(fn: Callable[[], object], iters: int = REPLAYS, warmup: int = 3) ->
 
 
 def build_stepper(
-    checkpoint: Path, batches: list[int], device: torch.device, tune_single_row: bool = True
+    checkpoint: Path,
+    batches: list[int],
+    device: torch.device,
+    tune_single_row: bool = True,
+    symbolic_batch_above: int | None = COMPILE_SYMBOLIC_BATCH_ABOVE,
 ) -> tuple[DecodeStepper, int, float]:
     """(stepper, semantic begin id, load seconds): the model as the engine loads it on this device."""
     cuda = device.type == "cuda"
@@ -108,7 +117,7 @@ def build_stepper(
     st = DecodeStepper(
         model, max(batches), max_seq_len=CACHE_LEN, use_cuda_graphs=cuda, length_buckets=[CACHE_LEN],
         compile_backend="inductor" if cuda else None, compile_max_batch=max(batches) if cuda else None,
-        tune_single_row=cuda and tune_single_row,
+        tune_single_row=cuda and tune_single_row, symbolic_batch_above=symbolic_batch_above,
     )  # fmt: skip
     g = torch.Generator(device=device).manual_seed(0)
     for cache in (st.cache.k, st.cache.v):
@@ -149,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", type=Path, required=True, help="a folder bench/make_checkpoint.py wrote")
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
-    ap.add_argument("--batches", default="1", help="comma-separated batch buckets (powers of two), e.g. 1,64,256")
+    ap.add_argument("--batches", default="1", help="comma-separated batch buckets, e.g. 1,64,256")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tune-single-row", choices=("on", "off"), default="on",
                     help="compile the one-row bucket with coordinate-descent tuning, as the engine's default does")  # fmt: skip
+    ap.add_argument("--symbolic-batch-above", type=int, default=COMPILE_SYMBOLIC_BATCH_ABOVE,
+                    help="buckets above this many rows compile with a symbolic batch, one compilation for all of them "
+                         f"(default: the engine's, {COMPILE_SYMBOLIC_BATCH_ABOVE}; a number past every bucket compiles "
+                         "each one static)")  # fmt: skip
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     tree = Path(decode_attention.__file__).resolve().parents[1]  # whose model/ this process imported
@@ -160,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         st, semantic_begin_id, load_s = build_stepper(
-            args.checkpoint, batches, torch.device(args.device), args.tune_single_row == "on"
+            args.checkpoint, batches, torch.device(args.device), args.tune_single_row == "on", args.symbolic_batch_above
         )
         result["load_s"] = round(load_s, 1)
         result["graphs"] = st.use_cuda_graphs
         result["tuned_single_row"] = st.tune_single_row  # as compiled: the CPU never tunes, whatever the flag says
+        result["symbolic_batch_above"] = st.symbolic_batch_above
         result["batches"] = time_batches(st, batches, semantic_begin_id)
     except Exception as e:  # the JSON says what failed (bench.gpu prints it in its table)
         result["error"] = f"{type(e).__name__}: {e}"

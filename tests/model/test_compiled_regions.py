@@ -193,6 +193,18 @@ def test_tuned_regions_compile_with_the_tuned_options_and_equal_eager(monkeypatc
     compiled_regions.reset()
 
 
+def test_tuned_options_turn_off_what_makes_a_warm_start_tune_again() -> None:
+    """The static launcher and the occupancy rule that halves a reduction's block each made a warm start lose the
+    tuned launch configs on disk (compiled_regions.UNTUNED_SWITCHES): both off in the tuned variant, where this torch
+    has them; the untuned variant keeps inductor's defaults."""
+    known = torch._inductor.config.get_config_copy()
+    assert "dynamic_scale_rblock" in known, "this torch no longer has the switch: check the comment's reasoning again"
+    options = compiled_regions.tuned_options()
+    assert options["coordinate_descent_tuning"] is True
+    for name in compiled_regions.UNTUNED_SWITCHES:
+        assert options.get(name, False) is False and (name in options) == (name in known), name
+
+
 def test_the_stepper_tunes_only_the_one_row_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     import model.stepper as stepper_module
 
@@ -278,9 +290,11 @@ print(json.dumps(compiled_regions.cache_counts()))
 """
 
 
-def cache_counts_of_two_starts(script: str, caches: dict[str, str], timeout_s: float) -> list[dict[str, int]]:
-    """Run `script` (which prints compiled_regions.cache_counts() as JSON last) in two fresh processes from the repo
-    root with the environment's cache folders set to `caches`, as a server and its restart; their counts."""
+def cache_counts_of_starts(
+    script: str, caches: dict[str, str], timeout_s: float, starts: int = 2
+) -> list[dict[str, int]]:
+    """Run `script` (which prints compiled_regions.cache_counts() as JSON last) in `starts` fresh processes from the
+    repo root with the environment's cache folders set to `caches`, as a server and its restarts; their counts."""
     import json
     import os
     import subprocess
@@ -288,7 +302,7 @@ def cache_counts_of_two_starts(script: str, caches: dict[str, str], timeout_s: f
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     counts = []
-    for _ in range(2):
+    for _ in range(starts):
         done = subprocess.run(
             [sys.executable, "-c", script], check=False, env={**os.environ, **caches}, capture_output=True, text=True,
             timeout=timeout_s, cwd=root,
@@ -302,7 +316,7 @@ def test_cache_counts_tell_a_compile_from_a_cache_load(tmp_path) -> None:
     """A process that compiles a region into an empty cache counts it as compiled; the next process (a restarted
     server) loads it from inductor's on-disk cache. Fresh processes: a test process that compiled from a temporary
     cache folder broke later compiles in it."""
-    first, second = cache_counts_of_two_starts(CACHE_COUNT_SCRIPT, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}, 300)
+    first, second = cache_counts_of_starts(CACHE_COUNT_SCRIPT, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}, 300)
     assert set(first) == set(compiled_regions.CACHE_COUNTERS)
     assert first["fx_graphs_compiled"] == 1 and first["fx_graphs_from_cache"] == 0
     assert second["fx_graphs_compiled"] == 0 and second["fx_graphs_from_cache"] == 1
