@@ -53,7 +53,7 @@ REMOVED_OPTIONS = {
     "compile_vocoder": "the vocoder's CUDA graphs are faster uncompiled",
     "vocoder_channels_last": "the GPU vocoder is always channels-last",
     "vocoder_autotune": "the GPU vocoder uses cuDNN's heuristic kernels",
-    "compile_symbolic_batch_above": "buckets above 8 rows always share a symbolic-batch compilation",
+    "compile_symbolic_batch_above": "compiled buckets above one row always share a symbolic-batch compilation",
     "prefill_max_rows": "prefill passes take up to 4 prompts",
     "prefill_step_share": "a turn's prompt budget is in tokens only",
     "admission_per_turn": "admission has no per-turn cap",
@@ -211,9 +211,9 @@ class Settings:
         "turn (255 and 370 ms)",
         "gpu", advanced=True, engine="backend.prefill_graphs_up_front")})  # fmt: skip
     compile_tune_single_row: str | None = field(default=None, metadata={"flag": Flag(
-        "compile the one-row decode step with inductor's coordinate-descent tuning (H200: batch-1 step 3.28 "
-        "→ 2.64 ms; ~1 minute more of cold compile per context bucket; with every bucket compiled, warm start 98 s "
-        "against 48-57 s off)",
+        "compile the one-row decode step with inductor's coordinate-descent tuning (off by default: with the GEMV "
+        "kernels, H200 batch-1 step 1.485 ms tuned against 1.451 ms off, for ~37 s more of cold compile and up to 16 s "
+        "of re-tuning at warm starts)",
         "gpu", advanced=True, engine="backend.tune_single_row", words=ON_OFF)})  # fmt: skip
     length_attention: str | None = field(default=None, metadata={"flag": Flag(
         "decode attention through a Triton kernel that reads each stream's keys only up to its "

@@ -70,11 +70,13 @@ PREFILL_SCRATCH_POSITIONS = 16_384
 # against 3.86 ms for 4 (0.58 against 0.96 ms a prompt), but end to end at 300 streams 8 rows gave p95 first audio
 # 251 ms against 198-238 ms with 4 (one server each; 2026-12-02, docs/archive/benchmark-log.md): no gain end to end.
 PREFILL_MAX_ROWS = 4
-# Compiled decode buckets above this many rows share one compilation per attention length with a symbolic batch
-# size instead of one per (bucket, length): with every bucket up to 512 compiled (the throughput profile), 28 static
-# compiles of ~16 s each on a cold H200 become 4, and the step at 384 rows went 19.6 → 13.3-13.6 ms against the
-# uncompiled one. Static shapes for those buckets were never measured end to end.
-COMPILE_SYMBOLIC_BATCH_ABOVE = 8
+# Compiled decode and first-frame buckets above this many rows share one compilation per attention length with a
+# symbolic batch size instead of one per (bucket, length). H200, full-size model (bench/step.py, 2026-12-07): the step
+# at 2, 3, 4, 6 and 8 rows took 2.92, 2.93, 2.93, 2.97 and 2.89 ms symbolic against 2.88, 3.05, 3.06, 3.54 and 3.42 ms
+# static, for one cold compile of 25 s against 44 s for the static ones; with every bucket up to 512 compiled (the
+# throughput profile), 28 static compiles of ~16 s each became 4, and the step at 384 rows went 19.6 → 13.3-13.6 ms
+# against the uncompiled one. One row stays static: dynamo specialises size 1, and the GEMV kernels serve it.
+COMPILE_SYMBOLIC_BATCH_ABOVE = 1
 
 
 def default_checkpoint() -> Path:

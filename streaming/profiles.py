@@ -40,7 +40,6 @@ PROFILES: Mapping[str, Profile] = MappingProxyType({
         backend=MappingProxyType({
             "max_sessions": 512,
             "compile_max_batch": 512,  # every bucket: H200, step at 384 rows 19.6 → 13.3-13.6 ms
-            "tune_single_row": False,  # H200 with every bucket compiled: warm start 98 → 48-57 s
             "vocoder_half_step_buckets": True,  # fewer padded vocoder rows in the large batched calls
         }),
         limits=MappingProxyType({

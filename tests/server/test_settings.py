@@ -88,7 +88,7 @@ def test_the_throughput_profile_is_the_measured_300_stream_configuration() -> No
     backend, limits = settings.backend_config(), settings.worker_limits()
     assert (backend.max_sessions, backend.compile_max_batch, backend.tune_single_row) == (512, 512, False)
     assert backend.vocoder_half_step_buckets is True and limits.admission_turn_fraction == 0.9
-    assert dataclasses.replace(backend, max_sessions=8, compile_max_batch=None, tune_single_row=True,
+    assert dataclasses.replace(backend, max_sessions=8, compile_max_batch=None,
                                vocoder_half_step_buckets=False) == settings.__class__().backend_config()  # fmt: skip
 
 
@@ -108,7 +108,7 @@ def test_hidden_settings_still_read_their_environment_variables() -> None:
     env = {
         "FISHGATE_VOCODER_OVERLAP": "off", "FISHGATE_LENGTH_ATTENTION": "on", "FISHGATE_GEMV_KERNELS": "off",
         "FISHGATE_PROGRAMMATIC_LAUNCH": "off", "FISHGATE_GRAPHS_UP_FRONT": "4", "FISHGATE_PREFILL_GRAPHS_UP_FRONT": "0",
-        "FISHGATE_COMPILE_TUNE_SINGLE_ROW": "off", "FISHGATE_VOCODER_HALF_STEP_BUCKETS": "on",
+        "FISHGATE_COMPILE_TUNE_SINGLE_ROW": "on", "FISHGATE_VOCODER_HALF_STEP_BUCKETS": "on",
         "FISHGATE_BATCH_INVARIANT": "off", "FISHGATE_GEMV_CONFIGS": "/tmp/sweep.json",
         "FISHGATE_PACE_LEAD_S": "off", "FISHGATE_PREFILL_HOLD_BELOW_S": "0.2", "FISHGATE_PREFILL_HOLD_MAX_S": "0.05",
         "FISHGATE_ADMISSION_CAPACITY_FRACTION": "0.67", "FISHGATE_ADMISSION_WAIT_S": "0",
@@ -117,7 +117,7 @@ def test_hidden_settings_still_read_their_environment_variables() -> None:
     settings = parse_settings([], env)
     b, limits = settings.backend_config(), settings.worker_limits()
     assert (b.vocoder_overlap, b.length_attention, b.gemv_kernels, b.programmatic_launch) == (False, True, False, False)
-    assert (b.graphs_up_front, b.prefill_graphs_up_front, b.tune_single_row) == (4, 0, False)
+    assert (b.graphs_up_front, b.prefill_graphs_up_front, b.tune_single_row) == (4, 0, True)
     assert (b.vocoder_half_step_buckets, b.batch_invariant, str(b.gemv_configs)) == (True, False, "/tmp/sweep.json")
     assert (limits.pace_lead_s, limits.prefill_hold_below_s, limits.prefill_hold_max_s) == (None, 0.2, 0.05)
     assert limits.admission_capacity_fraction == 0.67
