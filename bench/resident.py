@@ -250,7 +250,7 @@ def startup_line(log: Path) -> dict[str, Any]:
     if not lines:
         return {}
     inside = lines[-1].split("(", 1)[1].rsplit(")", 1)[0]
-    phases, graphs, _, caches = (inside.split("; ") + ["", "", ""])[:4]
+    phases, graphs, _, caches = [*inside.split("; "), "", "", ""][:4]
     out: dict[str, Any] = {}
     for part in phases.split(", "):
         name, _, value = part.rpartition(" ")[0].partition(" ")
