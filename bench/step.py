@@ -30,10 +30,10 @@ from model.checkpoint import load_dual_ar
 from model.frame import PENALTY_WINDOW_FRAMES
 from model.stepper import DecodeStepper
 
-try:  # the engine's rule in the tree under test (trees before it compiled every bucket static)
-    from streaming.backend import COMPILE_SYMBOLIC_BATCH_ABOVE
+try:  # the engine's rule in the tree under test (trees before it compiled every bucket static in this script)
+    from streaming.backend import symbolic_batch_above as engine_symbolic_batch_above
 except ImportError:
-    COMPILE_SYMBOLIC_BATCH_ABOVE = None
+    engine_symbolic_batch_above = None
 
 CACHE_LEN = 4096  # the throughput servers' --max-seq-len: the step's one attention length with the length kernel
 POSITIONS = (1000, 1900)  # where a stream cloned from a ~30 s reference voice decodes
@@ -103,9 +103,12 @@ def build_stepper(
     batches: list[int],
     device: torch.device,
     tune_single_row: bool = True,
-    symbolic_batch_above: int | None = COMPILE_SYMBOLIC_BATCH_ABOVE,
+    symbolic_batch_above: int | None = None,
 ) -> tuple[DecodeStepper, int, float]:
-    """(stepper, semantic begin id, load seconds): the model as the engine loads it on this device."""
+    """(stepper, semantic begin id, load seconds): the model as the engine loads it on this device (buckets above
+    `symbolic_batch_above` rows compiled with a symbolic batch; None: the engine's rule for the largest batch)."""
+    if symbolic_batch_above is None and engine_symbolic_batch_above is not None:
+        symbolic_batch_above = engine_symbolic_batch_above(max(batches))
     cuda = device.type == "cuda"
     t0 = time.perf_counter()
     loaded = load_dual_ar(checkpoint, device=device, dtype=torch.bfloat16 if cuda else torch.float32,
@@ -162,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tune-single-row", choices=("on", "off"), default="on",
                     help="compile the one-row bucket with coordinate-descent tuning, as the engine's default does")  # fmt: skip
-    ap.add_argument("--symbolic-batch-above", type=int, default=COMPILE_SYMBOLIC_BATCH_ABOVE,
+    ap.add_argument("--symbolic-batch-above", type=int, default=None,
                     help="buckets above this many rows compile with a symbolic batch, one compilation for all of them "
-                         f"(default: the engine's, {COMPILE_SYMBOLIC_BATCH_ABOVE}; a number past every bucket compiles "
+                         "(default: the engine's rule for the largest of --batches; a number past every bucket compiles "
                          "each one static)")  # fmt: skip
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]

@@ -64,19 +64,13 @@ TUNED_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"coordinate_d
 # recheck_autotune_cache; fixed by 2.13), so coordinate descent ran again at every start (H200: 332-370
 # benchmarks, 6-7 s of a 35-38 s warm start). The compiled regions run inside CUDA graphs, so how a kernel is
 # launched costs nothing at replay.
-# ...and without inductor's occupancy rule that halves a reduction's block when its registers limit the blocks per
-# SM (dynamic_scale_rblock). On a warm start that rule adds a halved config beside the tuned one read from the
-# autotune cache; choosing between the two saves the winner as an untuned result, so the next start finds no tuned
-# entry and tunes again (torch 2.11, CachingAutotuner.precompile → autotune_to_one_config; H100: 98-110
-# coordinate-descent benchmarks at every warm start). Coordinate descent tries those block sizes itself.
-UNTUNED_SWITCHES = ("use_static_cuda_launcher", "dynamic_scale_rblock")
 
 
 def tuned_options() -> dict[str, Any]:
-    """TUNED_OPTIONS, with UNTUNED_SWITCHES off where this torch has them (read when compiling: importing inductor's
-    config imports dynamo, 1.2 s that a server that compiles nothing must not pay)."""
+    """TUNED_OPTIONS, with the static launcher off where this torch has the switch (read when compiling: importing
+    inductor's config imports dynamo, 1.2 s that a server that compiles nothing must not pay)."""
     known = torch._inductor.config.get_config_copy()
-    return {**TUNED_OPTIONS, **{name: False for name in UNTUNED_SWITCHES if name in known}}
+    return {**TUNED_OPTIONS, **{name: False for name in ("use_static_cuda_launcher",) if name in known}}
 
 
 @contextlib.contextmanager

@@ -53,7 +53,7 @@ REMOVED_OPTIONS = {
     "compile_vocoder": "the vocoder's CUDA graphs are faster uncompiled",
     "vocoder_channels_last": "the GPU vocoder is always channels-last",
     "vocoder_autotune": "the GPU vocoder uses cuDNN's heuristic kernels",
-    "compile_symbolic_batch_above": "compiled buckets above one row always share a symbolic-batch compilation",
+    "compile_symbolic_batch_above": "compiled buckets share a symbolic-batch compilation (streaming.backend)",
     "prefill_max_rows": "prefill passes take up to 4 prompts",
     "prefill_step_share": "a turn's prompt budget is in tokens only",
     "admission_per_turn": "admission has no per-turn cap",

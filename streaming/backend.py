@@ -70,13 +70,21 @@ PREFILL_SCRATCH_POSITIONS = 16_384
 # against 3.86 ms for 4 (0.58 against 0.96 ms a prompt), but end to end at 300 streams 8 rows gave p95 first audio
 # 251 ms against 198-238 ms with 4 (one server each; 2026-12-02, docs/archive/benchmark-log.md): no gain end to end.
 PREFILL_MAX_ROWS = 4
-# Compiled decode and first-frame buckets above this many rows share one compilation per attention length with a
-# symbolic batch size instead of one per (bucket, length). H200, full-size model (bench/step.py, 2026-12-07): the step
-# at 2, 3, 4, 6 and 8 rows took 2.92, 2.93, 2.93, 2.97 and 2.89 ms symbolic against 2.88, 3.05, 3.06, 3.54 and 3.42 ms
-# static, for one cold compile of 25 s against 44 s for the static ones; with every bucket up to 512 compiled (the
-# throughput profile), 28 static compiles of ~16 s each became 4, and the step at 384 rows went 19.6 → 13.3-13.6 ms
-# against the uncompiled one. One row stays static: dynamo specialises size 1, and the GEMV kernels serve it.
-COMPILE_SYMBOLIC_BATCH_ABOVE = 1
+# Compiled decode and first-frame buckets above one row share one compilation per attention length with a symbolic
+# batch size instead of one per (bucket, length) (one row stays static: dynamo specialises size 1, and the GEMV
+# kernels serve it). H200, full-size model (bench/step.py, 2026-12-07): the step at 2, 3, 4, 6 and 8 rows took 2.92,
+# 2.93, 2.93, 2.97 and 2.89 ms symbolic against 2.88, 3.05, 3.06, 3.54 and 3.42 ms static, for one cold compile of
+# 25 s against 44 s for the static ones. Inductor picks a symbolic compilation's kernels at the first bucket it runs,
+# so an engine compiling buckets past SYMBOLIC_SMALL_BATCHES rows (the throughput profile, up to 512) keeps those
+# small buckets static and its symbolic compilation starting above them, as its 300-stream figures were measured
+# (there, 28 static compiles of ~16 s each on a cold H200 became 4, and the step at 384 rows went 19.6 → 13.3-13.6 ms
+# against the uncompiled one).
+SYMBOLIC_SMALL_BATCHES = 8
+
+
+def symbolic_batch_above(compile_max_batch: int) -> int:
+    """Compiled buckets above this many rows share a symbolic-batch compilation (see SYMBOLIC_SMALL_BATCHES)."""
+    return 1 if compile_max_batch <= SYMBOLIC_SMALL_BATCHES else SYMBOLIC_SMALL_BATCHES
 
 
 def default_checkpoint() -> Path:
@@ -211,7 +219,7 @@ class Backend:
             compile_max_batch=self.compile_max_batch or None,
             tune_single_row=config.tune_single_row,
             defer_compile=config.compile_after_ready,
-            symbolic_batch_above=COMPILE_SYMBOLIC_BATCH_ABOVE,
+            symbolic_batch_above=symbolic_batch_above(self.compile_max_batch),
         )
         # on GPU: twice the slots, the upper half being scratch for the padding rows of graph-captured batches
         self.vocoder_batch = min(VOCODER_MAX_BATCH, config.max_sessions)

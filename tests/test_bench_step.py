@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from bench import make_checkpoint, step
-from streaming.backend import COMPILE_SYMBOLIC_BATCH_ABOVE
 
 
 def test_the_step_is_timed_from_a_checkpoint(tmp_path) -> None:
@@ -17,7 +16,7 @@ def test_the_step_is_timed_from_a_checkpoint(tmp_path) -> None:
     assert result["graphs"] is False and [r["batch"] for r in result["batches"]] == [1]
     assert result["batches"][0]["step_call_ms"] > 0 and "graph_ms" not in result["batches"][0]
     assert result["tuned_single_row"] is False  # what the stepper compiled: tuning is for CUDA only
-    assert result["symbolic_batch_above"] == COMPILE_SYMBOLIC_BATCH_ABOVE  # the engine's rule unless told otherwise
+    assert result["symbolic_batch_above"] == 1  # the engine's rule for one-row batches unless told otherwise
 
 
 def test_a_failure_is_in_the_json(tmp_path) -> None:

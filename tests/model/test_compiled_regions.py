@@ -193,18 +193,6 @@ def test_tuned_regions_compile_with_the_tuned_options_and_equal_eager(monkeypatc
     compiled_regions.reset()
 
 
-def test_tuned_options_turn_off_what_makes_a_warm_start_tune_again() -> None:
-    """The static launcher and the occupancy rule that halves a reduction's block each made a warm start lose the
-    tuned launch configs on disk (compiled_regions.UNTUNED_SWITCHES): both off in the tuned variant, where this torch
-    has them; the untuned variant keeps inductor's defaults."""
-    known = torch._inductor.config.get_config_copy()
-    assert "dynamic_scale_rblock" in known, "this torch no longer has the switch: check the comment's reasoning again"
-    options = compiled_regions.tuned_options()
-    assert options["coordinate_descent_tuning"] is True
-    for name in compiled_regions.UNTUNED_SWITCHES:
-        assert options.get(name, False) is False and (name in options) == (name in known), name
-
-
 def test_the_stepper_tunes_only_the_one_row_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     import model.stepper as stepper_module
 

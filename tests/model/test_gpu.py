@@ -582,8 +582,9 @@ print(json.dumps(compiled_regions.cache_counts()))
 def test_restarted_processes_reuse_the_tuned_regions_launch_configs(tmp_path) -> None:
     """A tuned (coordinate-descent) region compiled by one process is loaded by the next ones from the on-disk caches
     without tuning again, start after start: torch 2.11's static launcher lost the tuned configs on load (H200:
-    6-7 s of each warm start), and its block-halving occupancy rule overwrote them with untuned ones at every other
-    start (H100: 98-110 benchmarks a warm start); compiled_regions.tuned_options() routes around both."""
+    6-7 s of each warm start), which compiled_regions.tuned_options() routes around. (Engines with
+    `--compile-tune-single-row on` still re-ran 90-117 tuning benchmarks at warm starts, for a reason not found:
+    the option is off by default.)"""
     caches = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cc"), "TRITON_CACHE_DIR": str(tmp_path / "tc")}
     first, *restarts = cache_counts_of_starts(TUNED_REGION_SCRIPT, caches, 600, starts=3)
     assert first["fx_graphs_compiled"] >= 2 and first["tuning_benchmarks"] > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model.layers import Attention, FeedForward
-from streaming.backend import Backend
+from streaming.backend import SYMBOLIC_SMALL_BATCHES, Backend, symbolic_batch_above
 from streaming.config import BackendConfig
 
 
@@ -22,6 +22,16 @@ def test_an_explicit_compile_limit_is_kept_on_cpu() -> None:
     backend = Backend(BackendConfig(max_sessions=2, compile_max_batch=1))
     assert backend.compile_max_batch == 1
     assert backend.stepper.compile_backend == "inductor" and backend.stepper.compile_max_batch == 1
+
+
+def test_compiled_buckets_above_one_row_share_a_symbolic_compilation_unless_large_ones_compile() -> None:
+    """The latency profile (buckets up to 8 rows compiled) compiles 2-8 rows once with a symbolic batch; an engine
+    that compiles larger buckets (the throughput profile) keeps the small ones static and starts its symbolic
+    compilation above them, where inductor then picks its kernels."""
+    assert [symbolic_batch_above(n) for n in (1, 2, SYMBOLIC_SMALL_BATCHES)] == [1, 1, 1]
+    assert symbolic_batch_above(SYMBOLIC_SMALL_BATCHES + 1) == symbolic_batch_above(512) == SYMBOLIC_SMALL_BATCHES
+    assert Backend(BackendConfig(max_sessions=4, compile_max_batch=4)).stepper.symbolic_batch_above == 1
+    assert Backend(BackendConfig(max_sessions=16, compile_max_batch=16)).stepper.symbolic_batch_above == 8
 
 
 def test_length_attention_is_refused_where_its_kernel_cannot_run() -> None:
