@@ -1,11 +1,12 @@
 """The decode step timed alone: a checkpoint loaded by the source tree under test, its step built as that tree's
 engine builds it on a GPU (w1/w3 fused, the length-aware attention over one 4,096-position cache, compiled regions,
-the one-row bucket tuned; GEMV kernels and programmatic launch at their defaults), rows at positions 1,000-1,900
-with random frames, repetition windows and sampling (every 4th row greedy). A step's CUDA graph is replayed with
-commit off, so every replay does the same work; the figure is the median of REPLAYS between CUDA events.
+the one-row bucket tuned or not and small buckets symbolic or static as that tree's engine defaults say; GEMV kernels
+and programmatic launch at their defaults), rows at positions 1,000-1,900 with random frames, repetition windows and
+sampling (every 4th row greedy). A step's CUDA graph is replayed with commit off, so every replay does the same work;
+the figure is the median of REPLAYS between CUDA events.
 
 It imports nothing from bench/: bench.gpu runs this file with another tree first on PYTHONPATH, so the same
-measuring code times that tree's model (and that tree's rule for which buckets compile with a symbolic batch). On CPU it times the eager step (no graphs, no compile): a check of the
+measuring code times that tree's model. On CPU it times the eager step (no graphs, no compile): a check of the
 script, not a figure.
 
     python bench/step.py --checkpoint DIR --out step.json [--batches 1,64,256]
@@ -34,6 +35,12 @@ try:  # the engine's rule in the tree under test (trees before it compiled every
     from streaming.backend import symbolic_batch_above as engine_symbolic_batch_above
 except ImportError:
     engine_symbolic_batch_above = None
+try:  # the engine's default in the tree under test (trees before BackendConfig tuned the one-row bucket)
+    from streaming.config import BackendConfig
+
+    ENGINE_TUNES_SINGLE_ROW = bool(getattr(BackendConfig(), "tune_single_row", True))
+except ImportError:
+    ENGINE_TUNES_SINGLE_ROW = True
 
 CACHE_LEN = 4096  # the throughput servers' --max-seq-len: the step's one attention length with the length kernel
 POSITIONS = (1000, 1900)  # where a stream cloned from a ~30 s reference voice decodes
@@ -163,12 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
     ap.add_argument("--batches", default="1", help="comma-separated batch buckets, e.g. 1,64,256")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tune-single-row", choices=("on", "off"), default="on",
-                    help="compile the one-row bucket with coordinate-descent tuning, as the engine's default does")  # fmt: skip
+    ap.add_argument("--tune-single-row", choices=("on", "off"), default=("off", "on")[ENGINE_TUNES_SINGLE_ROW],
+                    help="compile the one-row bucket with coordinate-descent tuning (default: as the tree's engine "
+                         "does)")  # fmt: skip
     ap.add_argument("--symbolic-batch-above", type=int, default=None,
-                    help="buckets above this many rows compile with a symbolic batch, one compilation for all of them "
-                         "(default: the engine's rule for the largest of --batches; a number past every bucket compiles "
-                         "each one static)")  # fmt: skip
+                    help="buckets above this many rows compile with a symbolic batch, one compilation for all of "
+                         "them (default: the engine's rule for the largest of --batches; a number past every bucket "
+                         "compiles each one static)")  # fmt: skip
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     tree = Path(decode_attention.__file__).resolve().parents[1]  # whose model/ this process imported

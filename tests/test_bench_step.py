@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from bench import make_checkpoint, step
+from streaming.config import BackendConfig
 
 
 def test_the_step_is_timed_from_a_checkpoint(tmp_path) -> None:
@@ -17,6 +18,7 @@ def test_the_step_is_timed_from_a_checkpoint(tmp_path) -> None:
     assert result["batches"][0]["step_call_ms"] > 0 and "graph_ms" not in result["batches"][0]
     assert result["tuned_single_row"] is False  # what the stepper compiled: tuning is for CUDA only
     assert result["symbolic_batch_above"] == 1  # the engine's rule for one-row batches unless told otherwise
+    assert step.ENGINE_TUNES_SINGLE_ROW is BackendConfig().tune_single_row  # --tune-single-row follows the engine
 
 
 def test_a_failure_is_in_the_json(tmp_path) -> None:
