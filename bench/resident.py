@@ -233,8 +233,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{name}: ready {res[f'{name}_ready_s']:.1f} s; first audio {brief(res[f'after_{name}'])}; "
                       f"{BURST} at once {brief(res[f'after_{name}_burst'])}", flush=True)  # fmt: skip
                 save()
-            res["startup_metrics"] = {k: v for k, v in parse_metrics(get(f"{base}/metrics", 5.0)[1].decode()).items()
-                                      if "startup_" in k}  # fmt: skip
         finally:
             res["gateway_exit"] = gateway.stop()
             res["engine_exit"] = engine.stop()
@@ -318,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", type=Path, default=None, help="model folder (default: see above)")
     ap.add_argument("--frames", type=int, default=None, help="cap each request at this many frames")
     ap.add_argument("--engine-args", default="", help='more `fishgate engine` flags for every launch, e.g. '
-                    '"--compile-tune-single-row off"')  # fmt: skip
+                    '"--compile-tune-single-row on"')  # fmt: skip
     args = ap.parse_args(argv)
     res = run(args)
     return 0 if all(res.get(k) for k in ("cold_ready_s", "gateway_ready_s", "engine_restart_ready_s")) else 1

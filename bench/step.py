@@ -109,7 +109,7 @@ def build_stepper(
     checkpoint: Path,
     batches: list[int],
     device: torch.device,
-    tune_single_row: bool = True,
+    tune_single_row: bool = ENGINE_TUNES_SINGLE_ROW,
     symbolic_batch_above: int | None = None,
 ) -> tuple[DecodeStepper, int, float]:
     """(stepper, semantic begin id, load seconds): the model as the engine loads it on this device (buckets above

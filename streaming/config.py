@@ -57,9 +57,9 @@ class BackendConfig:
     compile_max_batch: int | None = None
     # the one-row bucket's compiled regions with inductor's coordinate-descent tuning (model.compiled_regions
     # TUNED_OPTIONS). Before the GEMV kernels carried the one-row step it took the H200's batch-1 step 3.28 → 2.64 ms;
-    # with them, 1.451 ms untuned against 1.485 ms tuned (H200, bench/step.py, 2026-12-07; a cold run 15 against
-    # 52 s), and warm engine starts re-ran 90-117 tuning benchmarks that its cache should have answered (first-frame
-    # capture 10-19 s against 3 s without). Off: the one-row graphs compile like the others
+    # with them, 1.451 ms untuned against 1.485 ms tuned (H200, bench/step.py, 2026-12-07; the script from an empty
+    # cache 15 s against 52 s), and warm engine starts re-ran 90-117 tuning benchmarks that its cache should have
+    # answered (first-frame capture 10-19 s against 3 s without). Off: the one-row graphs compile like the others
     tune_single_row: bool = False
     # capture every compiled bucket uncompiled first (plain PyTorch in the graph, no dynamo: start-up waits for no
     # compilation), then replace each by its compiled capture one at a time in idle time after ready
