@@ -400,11 +400,11 @@ class LiveConnection:
                 if utt is None:  # audio of an utterance the client cancelled
                     continue
                 data = await encode_audio(utt.output, ev.pcm)
-                if data:
-                    await self._send(proto.audio(data))
-                    if not utt.first_audio_sent:
-                        utt.first_audio_sent = True
-                        await self._timing(ev.utterance, utt)
+                for event in proto.audio_events(data):
+                    await self._send(event)
+                if data and not utt.first_audio_sent:
+                    utt.first_audio_sent = True
+                    await self._timing(ev.utterance, utt)
             elif isinstance(ev, SegmentDone):
                 continue
             elif isinstance(ev, Cancelled):
@@ -416,8 +416,8 @@ class LiveConnection:
             elif isinstance(ev, UtteranceDone):
                 utt = self.utterances.pop(ev.utterance, None)
                 tail = utt.output.finish() if utt is not None else b""
-                if tail:
-                    await self._send(proto.audio(tail))
+                for event in proto.audio_events(tail):
+                    await self._send(event)
                 if ev.reason == "max_audio":
                     self._count_failure("max_audio", "the utterance reached the audio length cap")
                     await self._send(proto.error("max_audio", "the utterance reached the audio length cap"))

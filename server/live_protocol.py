@@ -107,8 +107,20 @@ def encode_event(event: Mapping[str, Any], encoding: Encoding) -> dict[str, Any]
     return {"type": "websocket.send", "text": json.dumps(dict(event), separators=(",", ":"))}
 
 
+# The largest audio payload one message carries. The official fish-audio-sdk's socket (httpx-ws) closes with 1009
+# above 65,536 bytes by default, and a 24-frame chunk of 16-bit PCM is 98,304 bytes; larger chunks go out as several
+# messages of whole samples (the margin holds msgpack's envelope).
+MAX_AUDIO_MESSAGE_BYTES = 65_536 - 64
+
+
 def audio(data: bytes) -> dict[str, Any]:
     return {"event": "audio", "audio": data}
+
+
+def audio_events(data: bytes) -> list[dict[str, Any]]:
+    """`audio` events carrying `data` in order, none over MAX_AUDIO_MESSAGE_BYTES."""
+    step = MAX_AUDIO_MESSAGE_BYTES
+    return [audio(data[i : i + step]) for i in range(0, len(data), step)]
 
 
 def finish(reason: str) -> dict[str, Any]:

@@ -454,3 +454,19 @@ def test_per_key_rate_limit_refuses_then_recovers(tmp_path) -> None:
         assert first.events[-1]["reason"] == "stop" and second.events[-1]["reason"] == "stop"
         assert third.error_codes == ["rate_limited"] and "per minute" in third.of("error")[0]["message"]
         assert srv.gateway.engine.open_sessions == 0  # the refused start opened nothing
+
+
+def test_audio_goes_out_in_messages_the_official_sdk_accepts() -> None:
+    """A 24-frame chunk of 16-bit PCM (98,304 bytes) is more than the fish-audio-sdk's socket takes (65,536 bytes by
+    default, then close 1009): it goes out as messages of whole samples under that, in order, nothing lost; msgpack's
+    envelope fits too."""
+    import msgpack
+
+    from server import live_protocol as proto
+
+    data = bytes(range(256)) * 384  # 98,304 bytes
+    events = proto.audio_events(data)
+    assert len(events) == 2 and b"".join(e["audio"] for e in events) == data
+    for e in events:
+        assert len(e["audio"]) % 2 == 0 and len(msgpack.packb(e, use_bin_type=True)) <= 65_536
+    assert proto.audio_events(b"") == [] and proto.audio_events(b"ab") == [proto.audio(b"ab")]
