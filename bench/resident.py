@@ -261,10 +261,19 @@ def startup_line(log: Path) -> dict[str, Any]:
     return out
 
 
+COMPILE_ROW = (
+    "… its compile: FX graphs compiled / from cache, tuning benchmarks, region variants saved / loaded / refused"
+)
+
+
 def compile_counts(r: dict[str, Any], launch: str) -> str:
     startup = r.get(f"{launch}_startup") or {}
     keys = ("fx_graphs_compiled", "fx_graphs_from_cache", "tuning_benchmarks")
-    return "—" if not all(k in startup for k in keys) else "{} / {}, {}".format(*(startup[k] for k in keys))
+    if not all(k in startup for k in keys):
+        return "—"
+    out = "{} / {}, {}".format(*(startup[k] for k in keys))
+    saved = ("regions_saved", "regions_loaded", "regions_refused")  # model.saved_regions, where the engine saves
+    return out if not all(k in startup for k in saved) else out + ", {} / {} / {}".format(*(startup[k] for k in saved))
 
 
 def tuned_configs(cache: Path) -> dict[str, int]:
@@ -292,7 +301,7 @@ def table(r: dict[str, Any]) -> str:
         ("gateway restart: launch → first /v1/tts answered", s("gateway_first_tts_s", "{:.2f} s")),
         ("first audio right after the gateway restart", brief(r.get("after_gateway_restart"))),
     ]
-    rows.append(("… its compile: FX graphs compiled / from cache, tuning benchmarks", compile_counts(r, "engine")))
+    rows.append((COMPILE_ROW, compile_counts(r, "engine")))
     for name, label in (
         ("engine_restart", "engine restart, warm caches"),
         ("engine_restart_again", "engine restart again, warm caches"),
@@ -300,7 +309,7 @@ def table(r: dict[str, Any]) -> str:
     ):
         rows += [
             (f"{label}: launch → ready", s(f"{name}_ready_s")),
-            ("… its compile: FX graphs compiled / from cache, tuning benchmarks", compile_counts(r, name)),
+            (COMPILE_ROW, compile_counts(r, name)),
             ("… first audio right after it, level 1", brief(r.get(f"after_{name}"))),
             (f"… then {BURST} streams at once", brief(r.get(f"after_{name}_burst"))),
         ]

@@ -24,6 +24,8 @@ from typing import Any, TypeVar, overload
 
 import torch
 
+from . import saved_regions
+
 log = logging.getLogger("fishgate.compile")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,7 +51,8 @@ _dynamic_regions: set[Callable[..., Any]] = set()  # regions declared with dynam
 _lock = threading.Lock()
 # torch.compile mode for regions compiled from now on, and whether regions declared with dynamic dims compile
 # static shapes instead (one compilation per shape: faster kernels, one compile per shape; benchmarks)
-_options: dict[str, Any] = {"mode": None, "static_shapes": False}
+_DEFAULT_OPTIONS: dict[str, Any] = {"mode": None, "static_shapes": False}
+_options: dict[str, Any] = dict(_DEFAULT_OPTIONS)
 
 
 # Inductor options of `compiled(..., tuned=True)`: coordinate-descent tuning of every Triton kernel's launch
@@ -124,7 +127,12 @@ def region(fn: F | None = None, *, dynamic_dims: dict[int, tuple[int, ...]] | No
         if _failed and (fn, _signature(args, kwargs)) in _failed:  # the signature only once something failed
             return fn(*args, **kwargs)
         try:
-            return _compiled_fn(fn, backend, _state.tuned, symbolic is not None)(*args, **kwargs)
+            compiled = _compiled_fn(fn, backend, _state.tuned, symbolic is not None)
+            if saved_regions.folder() is not None and backend == "inductor" and _options == _DEFAULT_OPTIONS:
+                out = saved_regions.run(fn, compiled, _variant(args, kwargs, _state.tuned, symbolic), args, kwargs)
+                if out is not saved_regions.NOT_SAVED:
+                    return out
+            return compiled(*args, **kwargs)
         except Exception as e:  # a compiler failure: run eagerly (a genuine error raises again from the eager call)
             if not _is_compile_error(e):
                 raise
@@ -159,6 +167,17 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool, symbolic
             )  # fmt: skip
             _compiled[(fn, backend, tuned, symbolic_batch)] = out
         return out
+
+
+def _variant(args: tuple[Any, ...], kwargs: dict[str, Any], tuned: bool, symbolic: int | None) -> tuple[Any, ...]:
+    """What names a saved variant of a region (model.saved_regions): options and signature..."""
+    signature = _signature(args, kwargs)
+    if symbolic is not None:
+        signature = saved_regions.unbatched(signature, symbolic)
+    # and what dynamo's guards check beyond shape and dtype: device, inference tensor or not (its dispatch keys)
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    kinds = tuple((str(a.device), a.is_inference(), a.requires_grad) for a in tensors)
+    return (tuned, symbolic is not None, signature, kinds)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -214,4 +233,4 @@ def cache_counts() -> dict[str, int]:
         return dict.fromkeys(CACHE_COUNTERS, 0)
     from torch._dynamo.utils import counters
 
-    return {name: int(counters[group][key]) for name, (group, key) in CACHE_COUNTERS.items()}
+    return {name: int(counters[group][key]) for name, (group, key) in CACHE_COUNTERS.items()} | saved_regions.counts()

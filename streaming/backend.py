@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import compiled_regions, decode_attention, gemv, launch_overlap
+from model import compiled_regions, decode_attention, gemv, launch_overlap, saved_regions
 from model.audio_prep import to_codec_audio
 from model.checkpoint import load_dual_ar
 from model.codec_checkpoint import load_codec
@@ -80,6 +80,8 @@ PREFILL_MAX_ROWS = 4
 # (there, 28 static compiles of ~16 s each on a cold H200 became 4, and the step at 384 rows went 19.6 → 13.3-13.6 ms
 # against the uncompiled one).
 SYMBOLIC_SMALL_BATCHES = 8
+# model.saved_regions' files, in inductor's cache folder (--compile-cache-dir): deleted with it
+SAVED_REGIONS_FOLDER = "fishgate-regions"
 
 
 def symbolic_batch_above(compile_max_batch: int) -> int:
@@ -189,6 +191,10 @@ class Backend:
             config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
             # assigned, not defaulted: inductor writes its default into the environment the first time it asks
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
+        if self.compile_max_batch > 0:  # each compiled variant whole, beside inductor's cache: no tracing at restarts
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            saved_regions.save_in(Path(cache_dir()) / SAVED_REGIONS_FOLDER)
         if self.compile_max_batch > 0:
             log.info(
                 "the decode step of batches up to %d is compiled with torch.compile before its graphs are captured "

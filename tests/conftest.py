@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import ast
 import gc
+import sys
 import threading
+
+import pytest
 
 _parse = ast.parse
 _parse_lock = threading.Lock()
@@ -37,3 +40,13 @@ def _serialized_parse(*args, **kwargs):
 
 
 ast.parse = _serialized_parse  # type: ignore[assignment]
+
+
+@pytest.fixture(autouse=True)
+def _no_saved_regions_after_a_test():
+    """A Backend that compiles turns on saving compiled regions process-wide (model.saved_regions); the tests after it
+    start with saving off, as a new process would."""
+    yield
+    saved = sys.modules.get("model.saved_regions")
+    if saved is not None and saved.folder() is not None:
+        saved.save_in(None)

@@ -1,0 +1,148 @@
+"""Compiled regions saved to disk whole, so that a later start loads them instead of tracing them again.
+
+A warm start through torch.compile finds inductor's code in its cache, yet dynamo still traces every region variant
+(each batch bucket and shape) in Python before it gets there: on a GPU that was most of a warm engine start. Here
+each variant that `model.compiled_regions` compiles with inductor is compiled by dynamo's `aot_compile` instead,
+written to one file (its bytecode, guards and inductor's code), and at the next start loaded from that file without
+tracing. A loaded variant still checks its guards on every call; one that refuses its arguments, or a file that
+cannot be saved or read, falls back to torch.compile's own path with one warning.
+
+The file name hashes what the compiled code depends on besides the guards it carries: the region, its shapes and
+arguments, the compile options, this package's source, the Python and torch versions and the GPU. A change to any
+of them writes new files next to the old ones; deleting the folder (it lives in the compile cache folder) forgets
+them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("fishgate.compile")
+
+NOT_SAVED = object()  # run's answer where the variant takes torch.compile's own path
+
+_lock = threading.RLock()  # one compile at a time: dynamo is not safe to trace from two threads
+_state: dict[str, Any] = {"folder": None, "salt": ""}
+_loaded: dict[tuple[Any, ...], Callable[..., Any] | None] = {}  # key → loaded variant, or None: torch.compile's path
+_counts = {"regions_loaded": 0, "regions_saved": 0, "regions_refused": 0}
+# dynamo's dimension marks on a tensor: needed to compile a symbolic variant, refused by a loaded one's guards
+_MARKS = ("_dynamo_weak_dynamic_indices", "_dynamo_dynamic_indices", "_has_dynamo_dim_marking")
+
+
+def save_in(folder: Path | None) -> None:
+    """Save every region variant compiled from now on under `folder` and load those saved there before (None: off,
+    every variant takes torch.compile's path)."""
+    with _lock:
+        _loaded.clear()
+        _state["folder"] = folder
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        _counts.update(dict.fromkeys(_counts, 0))
+        # torch.compile's wrappers offer aot_compile only with this switch (off by default before torch 2.13)
+        if hasattr(torch._dynamo.config, "enable_aot_compile"):
+            torch._dynamo.config.enable_aot_compile = True
+        h = hashlib.sha256(f"{sys.version}|{torch.__version__}".encode())
+        for path in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(path.name.encode() + path.read_bytes())
+        if torch.cuda.is_available():
+            h.update(torch.cuda.get_device_name().encode())
+        _state["salt"] = h.hexdigest()
+
+
+def folder() -> Path | None:
+    return _state["folder"]
+
+
+def counts() -> dict[str, int]:
+    """Variants loaded from files, compiled and saved, and refused (torch.compile's path) since save_in; {} when off."""
+    return dict(_counts) if _state["folder"] is not None else {}
+
+
+def run(
+    fn: Callable[..., Any], compiled: Any, variant: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """fn(*args, **kwargs) through its saved variant, loading or compiling and saving it first; NOT_SAVED where it
+    has none. `compiled` is torch.compile's wrapper of fn with the variant's options; `variant` names the variant
+    (options and argument signature, with a symbolic batch left out)."""
+    key = (fn, *variant)
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = _load_or_save(fn, compiled, variant, args, kwargs)
+        saved = _loaded[key]
+    if saved is None:
+        return NOT_SAVED
+    marks = _strip_marks(args, kwargs)
+    try:
+        return saved(*args, **kwargs)
+    except RuntimeError as e:  # its guards refuse these arguments: torch.compile's path for this variant from now on
+        if "GuardManager check failed" not in str(e):
+            raise
+        _restore_marks(marks)
+        with _lock:
+            _loaded[key] = None
+            _counts["regions_refused"] += 1
+        log.warning("the saved %s refused its arguments; it compiles as usual (%s)", fn.__qualname__, str(e)[:300])
+        return NOT_SAVED
+
+
+def _load_or_save(
+    fn: Callable[..., Any], compiled: Any, variant: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[..., Any] | None:
+    name = hashlib.sha256(repr((fn.__module__, fn.__qualname__, variant, _state["salt"])).encode()).hexdigest()
+    path = Path(_state["folder"]) / f"{fn.__qualname__}-{name[:24]}.bin"
+    try:
+        if path.is_file():
+            with path.open("rb") as f:
+                out = torch.compiler.load_compiled_function(f)
+            _counts["regions_loaded"] += 1
+        else:
+            out = compiled.aot_compile((args, kwargs))
+            out.save_compiled_function(str(path))
+            _counts["regions_saved"] += 1
+        return out
+    except Exception as e:  # not savable, or a file that does not load: torch.compile's path for this variant
+        _counts["regions_refused"] += 1
+        log.warning(
+            "%s could not be %s (%s: %s); it compiles as usual", fn.__qualname__,
+            "loaded from " + str(path) if path.is_file() else "saved", type(e).__name__, str(e)[:300],
+        )  # fmt: skip
+        return None
+
+
+def _strip_marks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:
+    removed = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            for name in _MARKS:
+                if hasattr(a, name):
+                    removed.append((a, name, getattr(a, name)))
+                    delattr(a, name)
+    return removed
+
+
+def _restore_marks(marks: list[tuple[torch.Tensor, str, Any]]) -> None:
+    for tensor, name, value in marks:
+        setattr(tensor, name, value)
+
+
+def unbatched(signature: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
+    """A signature (model.compiled_regions._signature) with dim 0 = `batch` of each tensor as -1: one name for every
+    batch a symbolic variant serves."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):  # a keyword argument
+            return (x[0], one(x[1]))
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple) and x[0][:1] == (batch,):
+            return ((-1, *x[0][1:]), x[1])
+        return x
+
+    return tuple(one(x) for x in signature)

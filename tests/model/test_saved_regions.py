@@ -1,0 +1,166 @@
+"""Saved region variants (model.saved_regions) against torch.compile's path and eager PyTorch, on CPU with inductor:
+a later process decodes the same frames from the loaded files without compiling; a file that does not load and a
+variant whose guards refuse its arguments fall back to compiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from model import compiled_regions, saved_regions
+from model.compiled_regions import region
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# one process's decode: rows 1 and 2 (the one-row variants and the symbolic ones), eager, through torch.compile's
+# path, or through saved variants (argv: mode, folder, device); prints the frames and the cache counts
+DECODE = """
+import json, sys, torch
+from pathlib import Path
+from model import compiled_regions, saved_regions
+from model.stepper import DecodeStepper
+from tests.model.test_compiled_regions import run_stepper
+from tests.model.test_kv_cache import make_model
+
+mode, folder, device = sys.argv[1:4]
+torch.manual_seed(0)
+model = make_model("gqa_fast_project").to(device)
+model.freqs_cis, model.fast_freqs_cis = model.freqs_cis.float(), model.fast_freqs_cis.float()
+if mode == "saved":
+    saved_regions.save_in(Path(folder))
+stepper = DecodeStepper(model, 2, max_seq_len=64, length_buckets=[64], use_cuda_graphs=device == "cuda",
+                        compile_backend=None if mode == "eager" else "inductor", symbolic_batch_above=1)
+with torch.no_grad():
+    frames = run_stepper(stepper, 2, 3)
+print(json.dumps({"frames": frames.tolist(), "counts": compiled_regions.cache_counts(),
+                  "failed": compiled_regions.failed_regions()}))
+"""
+
+
+def decode(mode: str, folder: Path, cache: Path, device: str = "cpu") -> dict:
+    """DECODE in a new process, with inductor's caches in `cache`."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", DECODE, mode, str(folder), device], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_later_process_loads_every_variant(tmp_path: Path, device: str, reference: str) -> None:
+    folder = tmp_path / "regions"
+    expected = decode(reference, folder, tmp_path / "inductor", device)
+    first = decode("saved", folder, tmp_path / "inductor", device)
+    n = first["counts"]["regions_saved"]
+    assert n >= 4 and first["counts"]["regions_loaded"] == 0 and first["counts"]["regions_refused"] == 0
+    assert len(list(folder.glob("*.bin"))) == n
+    second = decode("saved", folder, tmp_path / "inductor", device)
+    assert second["counts"]["regions_loaded"] == n
+    assert second["counts"]["regions_saved"] == 0 and second["counts"]["regions_refused"] == 0
+    assert second["counts"]["fx_graphs_compiled"] == 0, "nothing compiled: every variant came from its file"
+    assert first["failed"] == second["failed"] == []
+    assert first["frames"] == expected["frames"] and second["frames"] == expected["frames"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_later_process_loads_every_variant_and_decodes_the_same_frames(tmp_path: Path) -> None:
+    check_later_process_loads_every_variant(tmp_path, "cpu", reference="eager")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_later_processes_decode_torch_compiles_frames_from_saved_variants(tmp_path: Path) -> None:
+    """The same on CUDA, in CUDA graphs with the GEMV kernels (one row): the frames of torch.compile's path."""
+    check_later_process_loads_every_variant(tmp_path, "cuda", reference="compiled")
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((4,), 2.0))
+        self.shift = 1.0  # a plain attribute: the compiled code is specialised on it and guards it
+
+    @region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight + self.shift
+
+
+class Regions:
+    """Saving on in one folder, with nothing compiled or loaded in this process yet."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.restart()
+
+    def restart(self) -> None:
+        """What a new process has: no compiled or loaded variants in memory, the folder's files on disk."""
+        compiled_regions.reset()
+        saved_regions.save_in(self.folder)
+
+
+@pytest.fixture
+def regions(tmp_path: Path) -> Iterator[Regions]:
+    yield Regions(tmp_path / "regions")
+    saved_regions.save_in(None)
+    compiled_regions.reset()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_file_that_does_not_load_falls_back_to_compiling(regions: Regions, caplog) -> None:
+    module, x = Scale(), torch.arange(4.0)
+    with torch.inference_mode(), compiled_regions.compiled("inductor"):
+        assert torch.equal(module(x), x * 2 + 1)
+    (path,) = regions.folder.glob("*.bin")
+    path.write_bytes(b"not a saved function")
+    regions.restart()
+    with torch.inference_mode(), compiled_regions.compiled("inductor"):
+        assert torch.equal(module(x), x * 2 + 1)
+    assert saved_regions.counts() == {"regions_loaded": 0, "regions_saved": 0, "regions_refused": 1}
+    assert "could not be loaded from" in caplog.text and "compiles as usual" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_loaded_variant_whose_guards_refuse_falls_back_to_compiling(regions: Regions, caplog) -> None:
+    module, x = Scale(), torch.arange(4.0)
+    with torch.inference_mode(), compiled_regions.compiled("inductor"):
+        assert torch.equal(module(x), x * 2 + 1)
+    regions.restart()
+    with torch.inference_mode(), compiled_regions.compiled("inductor"):
+        assert torch.equal(module(x), x * 2 + 1)  # loaded, its guards pass
+        assert saved_regions.counts()["regions_loaded"] == 1
+        module.shift = 5.0  # not in the file's name: the loaded code's guard on it refuses
+        assert torch.equal(module(x), x * 2 + 5)
+    assert saved_regions.counts()["regions_refused"] == 1
+    assert "refused its arguments" in caplog.text
+
+
+def test_saving_is_off_until_a_folder_is_given() -> None:
+    assert saved_regions.folder() is None and saved_regions.counts() == {}
+    assert "regions_loaded" not in compiled_regions.cache_counts()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_inference_tensors_and_plain_ones_get_variants_of_their_own(regions: Regions) -> None:
+    """A region called with tensors made inside and outside inference mode (different dispatch keys, which the
+    compiled code's guards check) saves one variant for each, and a later start loads both without refusals."""
+    module = Scale()
+    with torch.no_grad():
+        plain = torch.arange(4.0)
+    with torch.inference_mode():
+        made_inside = torch.arange(4.0)
+    for start in ("first", "later"):
+        with torch.no_grad(), compiled_regions.compiled("inductor"):
+            assert torch.equal(module(plain), plain * 2 + 1)
+            assert torch.equal(module(made_inside), made_inside * 2 + 1)
+        done = "regions_saved" if start == "first" else "regions_loaded"
+        assert saved_regions.counts()[done] == 2 and saved_regions.counts()["regions_refused"] == 0
+        regions.restart()
+    assert len(list(regions.folder.glob("*.bin"))) == 2
