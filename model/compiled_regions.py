@@ -201,6 +201,7 @@ def reset(mode: str | None = None, static_shapes: bool = False) -> None:
         _failed.clear()
         _options["mode"] = mode
         _options["static_shapes"] = static_shapes
+        saved_regions.forget()
         torch._dynamo.reset()
 
 

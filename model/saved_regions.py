@@ -5,18 +5,21 @@ A warm start through torch.compile finds inductor's code in its cache, yet dynam
 each variant that `model.compiled_regions` compiles with inductor is compiled by dynamo's `aot_compile` instead,
 written to one file (its bytecode, guards and inductor's code), and at the next start loaded from that file without
 tracing. A loaded variant still checks its guards on every call; one that refuses its arguments, or a file that
-cannot be saved or read, falls back to torch.compile's own path with one warning.
+cannot be saved or read, falls back to torch.compile's own path with one warning. Those guards do not check module
+globals, so the package's switches (`switches()`) name the file instead; a switch changed within one process takes
+effect at the next model.compiled_regions.reset(), as the engine sets them all before it compiles.
 
 The file name hashes what the compiled code depends on besides the guards it carries: the region, its shapes and
-arguments, the compile options, this package's source, the Python and torch versions and the GPU. A change to any
-of them writes new files next to the old ones; deleting the folder (it lives in the compile cache folder) forgets
-them all.
+arguments, the compile options, this package's source and switches, the Python and torch versions and the GPU. A
+change to any of them writes new files next to the old ones; deleting the folder (it lives in the compile cache
+folder) forgets them all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -58,6 +61,13 @@ def save_in(folder: Path | None) -> None:
         _state["salt"] = h.hexdigest()
 
 
+def forget() -> None:
+    """Drop the variants loaded or compiled in this process (model.compiled_regions.reset): the next call of each
+    finds its file again, named for the switches as they are then."""
+    with _lock:
+        _loaded.clear()
+
+
 def folder() -> Path | None:
     return _state["folder"]
 
@@ -97,7 +107,8 @@ def run(
 def _load_or_save(
     fn: Callable[..., Any], compiled: Any, variant: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Callable[..., Any] | None:
-    name = hashlib.sha256(repr((fn.__module__, fn.__qualname__, variant, _state["salt"])).encode()).hexdigest()
+    what = (fn.__module__, fn.__qualname__, variant, _state["salt"], switches())
+    name = hashlib.sha256(repr(what).encode()).hexdigest()
     path = Path(_state["folder"]) / f"{fn.__qualname__}-{name[:24]}.bin"
     try:
         if path.is_file():
@@ -116,6 +127,33 @@ def _load_or_save(
             "loaded from " + str(path) if path.is_file() else "saved", type(e).__name__, str(e)[:300],
         )  # fmt: skip
         return None
+
+
+_SWITCH = re.compile(r"_?[A-Z][A-Z0-9_]*")
+_PLAIN = (str, int, float, bool, type(None), tuple, list, dict, set, frozenset)
+
+
+def switches() -> str:
+    """This package's module-level switches and tables as they are now (`gemv.MODE`, `gemv.CONFIGS`, ...): the
+    engine sets some from its settings, and the code a region compiled to depends on them, while the loaded code's
+    guards do not check module globals (torch 2.11-2.13). Upper-case names of plain values, by that convention."""
+    parts = []
+    for module_name, module in sorted((n, m) for n, m in sys.modules.items() if n.startswith(f"{__package__}.")):
+        for name, value in sorted(vars(module).items()):
+            if _SWITCH.fullmatch(name) and isinstance(value, _PLAIN):
+                parts.append(f"{module_name}.{name}={_stable_repr(value)}")
+    return "\n".join(parts)
+
+
+def _stable_repr(value: Any) -> str:
+    """repr, with sets in a fixed order (a set of strings iterates in a per-process order)."""
+    if isinstance(value, set | frozenset):
+        return "{" + ", ".join(sorted(_stable_repr(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple | list):
+        return type(value).__name__ + "(" + ", ".join(_stable_repr(v) for v in value) + ")"
+    return repr(value)
 
 
 def _strip_marks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from model import compiled_regions, saved_regions
+from model import compiled_regions, sampling, saved_regions
 from model.compiled_regions import region
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DECODE = """
 import json, sys, torch
 from pathlib import Path
-from model import compiled_regions, saved_regions
+from model import compiled_regions, sampling, saved_regions
 from model.stepper import DecodeStepper
 from tests.model.test_compiled_regions import run_stepper
 from tests.model.test_kv_cache import make_model
@@ -163,4 +163,24 @@ def test_inference_tensors_and_plain_ones_get_variants_of_their_own(regions: Reg
         done = "regions_saved" if start == "first" else "regions_loaded"
         assert saved_regions.counts()[done] == 2 and saved_regions.counts()["regions_refused"] == 0
         regions.restart()
+    assert len(list(regions.folder.glob("*.bin"))) == 2
+
+
+@region
+def times_min_temperature(x: torch.Tensor) -> torch.Tensor:
+    return x * sampling.MIN_TEMPERATURE  # a module-level switch of the model package, as gemv.MODE is
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_changed_module_switch_gets_a_variant_of_its_own(regions: Regions, monkeypatch) -> None:
+    """The loaded code's guards do not check module globals (a loaded variant kept gemv.MODE = "auto" after the
+    engine set "off"), so the switches are part of each file's name: a later start with another value compiles
+    and saves anew instead of loading the old code."""
+    x = torch.arange(4.0)
+    for value, done in ((2.0, "regions_saved"), (2.0, "regions_loaded"), (3.0, "regions_saved")):
+        monkeypatch.setattr(sampling, "MIN_TEMPERATURE", value)
+        regions.restart()
+        with torch.inference_mode(), compiled_regions.compiled("inductor"):
+            assert torch.equal(times_min_temperature(x), x * value)
+        assert saved_regions.counts()[done] == 1, (value, saved_regions.counts())
     assert len(list(regions.folder.glob("*.bin"))) == 2
