@@ -17,6 +17,7 @@ folder) forgets them all.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -50,6 +51,7 @@ def save_in(folder: Path | None) -> None:
             return
         folder.mkdir(parents=True, exist_ok=True)
         _counts.update(dict.fromkeys(_counts, 0))
+        _state["write_failed"] = False
         # torch.compile's wrappers offer aot_compile only with this switch (off by default before torch 2.13)
         if hasattr(torch._dynamo.config, "enable_aot_compile"):
             torch._dynamo.config.enable_aot_compile = True
@@ -110,23 +112,48 @@ def _load_or_save(
     what = (fn.__module__, fn.__qualname__, variant, _state["salt"], switches())
     name = hashlib.sha256(repr(what).encode()).hexdigest()
     path = Path(_state["folder"]) / f"{fn.__qualname__}-{name[:24]}.bin"
-    try:
-        if path.is_file():
+    unsavable = path.with_suffix(".unsavable")  # an earlier start found it cannot be saved: not tried again
+    if unsavable.is_file():
+        _counts["regions_refused"] += 1
+        return None
+    if path.is_file():
+        try:
             with path.open("rb") as f:
                 out = torch.compiler.load_compiled_function(f)
-            _counts["regions_loaded"] += 1
-        else:
-            out = compiled.aot_compile((args, kwargs))
-            out.save_compiled_function(str(path))
-            _counts["regions_saved"] += 1
+        except Exception as e:  # a file that does not load: torch.compile's path for this variant
+            _refuse(fn, f"could not be loaded from {path}", e)
+            return None
+        _counts["regions_loaded"] += 1
         return out
-    except Exception as e:  # not savable, or a file that does not load: torch.compile's path for this variant
-        _counts["regions_refused"] += 1
-        log.warning(
-            "%s could not be %s (%s: %s); it compiles as usual", fn.__qualname__,
-            "loaded from " + str(path) if path.is_file() else "saved", type(e).__name__, str(e)[:300],
-        )  # fmt: skip
+    try:
+        out = compiled.aot_compile((args, kwargs))
+    except Exception as e:  # not compilable this way: torch.compile's path
+        _refuse(fn, "could not be compiled to be saved", e, unsavable)
         return None
+    try:
+        out.save_compiled_function(str(path))  # written whole or not at all (another engine may read the folder)
+    except OSError as e:  # the folder: compiled and used all the same, said once
+        _counts["regions_refused"] += 1
+        if not _state.get("write_failed"):
+            _state["write_failed"] = True
+            log.warning("compiled regions cannot be saved in %s (%s); later starts will trace them again",
+                        _state["folder"], e)  # fmt: skip
+    except Exception as e:  # not serialisable: used in this process all the same
+        _refuse(fn, "could not be saved", e, unsavable, then="this process uses it unsaved")
+    else:
+        _counts["regions_saved"] += 1
+    return out
+
+
+def _refuse(
+    fn: Callable[..., Any], what: str, e: Exception, unsavable: Path | None = None, then: str = "it compiles as usual"
+) -> None:
+    """Count and say it; with `unsavable`, leave that note so that later starts do not try to save it again."""
+    _counts["regions_refused"] += 1
+    log.warning("%s %s (%s: %s); %s", fn.__qualname__, what, type(e).__name__, str(e)[:300], then)
+    if unsavable is not None:
+        with contextlib.suppress(OSError):
+            unsavable.write_text(f"{type(e).__name__}: {str(e)[:2000]}\n")
 
 
 _SWITCH = re.compile(r"_?[A-Z][A-Z0-9_]*")

@@ -184,3 +184,46 @@ def test_a_changed_module_switch_gets_a_variant_of_its_own(regions: Regions, mon
             assert torch.equal(times_min_temperature(x), x * value)
         assert saved_regions.counts()[done] == 1, (value, saved_regions.counts())
     assert len(list(regions.folder.glob("*.bin"))) == 2
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_variant_that_cannot_be_saved_is_not_tried_again_at_later_starts(regions: Regions, monkeypatch, caplog):
+    """aot_compile failing for a variant: torch.compile's path, and a note beside the files so that the next start
+    goes there at once instead of paying a compile that fails again."""
+    real_compile = torch.compile
+
+    def compile_without_aot(*args, **kwargs):
+        compiled = real_compile(*args, **kwargs)
+
+        def wrapper(*a, **k):  # without aot_compile, as torch 2.11 gives by default
+            return compiled(*a, **k)
+
+        return wrapper
+
+    monkeypatch.setattr(torch, "compile", compile_without_aot)
+    module, x = Scale(), torch.arange(4.0)
+    for start in ("first", "later"):
+        caplog.clear()
+        with torch.inference_mode(), compiled_regions.compiled("inductor"):
+            assert torch.equal(module(x), x * 2 + 1)
+        assert saved_regions.counts() == {"regions_loaded": 0, "regions_saved": 0, "regions_refused": 1}
+        assert ("could not be compiled to be saved" in caplog.text) == (start == "first")
+        regions.restart()
+    assert len(list(regions.folder.glob("*.unsavable"))) == 1 and not list(regions.folder.glob("*.bin"))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_folder_that_cannot_be_written_is_said_once_and_the_variants_still_run(regions: Regions, caplog) -> None:
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    def full_disk(self, path, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    module, x = Scale(), torch.arange(4.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AOTCompiledFunction, "save_compiled_function", full_disk)
+        with torch.inference_mode(), compiled_regions.compiled("inductor"):
+            assert torch.equal(module(x), x * 2 + 1)
+            assert torch.equal(module(torch.ones(2, 4)), torch.full((2, 4), 3.0))  # a second variant
+    assert saved_regions.counts() == {"regions_loaded": 0, "regions_saved": 0, "regions_refused": 2}
+    assert caplog.text.count("cannot be saved in") == 1 and not list(regions.folder.iterdir())
