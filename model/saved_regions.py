@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import logging
 import re
 import sys
@@ -58,6 +59,8 @@ def save_in(folder: Path | None) -> None:
         h = hashlib.sha256(f"{sys.version}|{torch.__version__}".encode())
         for path in sorted(Path(__file__).parent.glob("*.py")):
             h.update(path.name.encode() + path.read_bytes())
+            if path.stem != "__init__":  # every module's switches present from now on, whichever a caller imported
+                importlib.import_module(f"{__package__}.{path.stem}")
         if torch.cuda.is_available():
             h.update(torch.cuda.get_device_name().encode())
         _state["salt"] = h.hexdigest()
@@ -173,14 +176,18 @@ def switches() -> str:
 
 
 def _stable_repr(value: Any) -> str:
-    """repr, with sets in a fixed order (a set of strings iterates in a per-process order)."""
+    """repr, the same in every process: sets in a fixed order (a set of strings iterates in a per-process order),
+    functions and objects by name."""
     if isinstance(value, set | frozenset):
         return "{" + ", ".join(sorted(_stable_repr(v) for v in value)) + "}"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
     if isinstance(value, tuple | list):
         return type(value).__name__ + "(" + ", ".join(_stable_repr(v) for v in value) + ")"
-    return repr(value)
+    if isinstance(value, str | int | float | bool | None):
+        return repr(value)
+    # a function or other object inside a table: its name, not its address (which differs from process to process)
+    return getattr(value, "__qualname__", None) or type(value).__qualname__
 
 
 def _strip_marks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:

@@ -45,10 +45,10 @@ print(json.dumps({"frames": frames.tolist(), "counts": compiled_regions.cache_co
 """
 
 
-def decode(mode: str, folder: Path, cache: Path, device: str = "cpu") -> dict:
-    """DECODE in a new process, with inductor's caches in `cache`."""
+def decode(mode: str, folder: Path, cache: Path, device: str = "cpu", hash_seed: int = 0) -> dict:
+    """DECODE in a new process, with inductor's caches in `cache` (and its own string hashing: set orders differ)."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": str(hash_seed)}  # fmt: skip
     out = subprocess.run([sys.executable, "-c", DECODE, mode, str(folder), device], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -58,11 +58,11 @@ def decode(mode: str, folder: Path, cache: Path, device: str = "cpu") -> dict:
 def check_later_process_loads_every_variant(tmp_path: Path, device: str, reference: str) -> None:
     folder = tmp_path / "regions"
     expected = decode(reference, folder, tmp_path / "inductor", device)
-    first = decode("saved", folder, tmp_path / "inductor", device)
+    first = decode("saved", folder, tmp_path / "inductor", device, hash_seed=1)
     n = first["counts"]["regions_saved"]
     assert n >= 4 and first["counts"]["regions_loaded"] == 0 and first["counts"]["regions_refused"] == 0
     assert len(list(folder.glob("*.bin"))) == n
-    second = decode("saved", folder, tmp_path / "inductor", device)
+    second = decode("saved", folder, tmp_path / "inductor", device, hash_seed=2)
     assert second["counts"]["regions_loaded"] == n
     assert second["counts"]["regions_saved"] == 0 and second["counts"]["regions_refused"] == 0
     assert second["counts"]["fx_graphs_compiled"] == 0, "nothing compiled: every variant came from its file"
