@@ -172,6 +172,9 @@ def switches() -> str:
         for name, value in sorted(vars(module).items()):
             if _SWITCH.fullmatch(name) and isinstance(value, _PLAIN):
                 parts.append(f"{module_name}.{name}={_stable_repr(value)}")
+    b = torch.backends  # torch's own switches that the traced code may read as constants
+    parts.append(f"torch: {b.cudnn.benchmark} {b.cudnn.deterministic} {b.cudnn.allow_tf32} {b.cuda.matmul.allow_tf32} "
+                 f"{torch.get_float32_matmul_precision()} {torch.are_deterministic_algorithms_enabled()}")  # fmt: skip
     return "\n".join(parts)
 
 

@@ -227,3 +227,10 @@ def test_a_folder_that_cannot_be_written_is_said_once_and_the_variants_still_run
             assert torch.equal(module(torch.ones(2, 4)), torch.full((2, 4), 3.0))  # a second variant
     assert saved_regions.counts() == {"regions_loaded": 0, "regions_saved": 0, "regions_refused": 2}
     assert caplog.text.count("cannot be saved in") == 1 and not list(regions.folder.iterdir())
+
+
+def test_switches_name_torchs_own_flags_too(monkeypatch) -> None:
+    """cuDNN autotuning decides a vocoder layout while tracing (model.codec_layers); it is part of the names."""
+    before = saved_regions.switches()
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not torch.backends.cudnn.benchmark)
+    assert saved_regions.switches() != before
