@@ -170,11 +170,12 @@ def _compiled_fn(fn: Callable[..., Any], backend: Backend, tuned: bool, symbolic
 
 
 def _variant(args: tuple[Any, ...], kwargs: dict[str, Any], tuned: bool, symbolic: int | None) -> tuple[Any, ...]:
-    """What names a saved variant of a region (model.saved_regions): options and signature..."""
+    """What names a saved variant of a region (model.saved_regions): its options; its signature, a symbolic batch as
+    -1 (one name for every batch the variant serves); and per tensor what dynamo's guards check beyond shape and
+    dtype: device, inference tensor or not (its dispatch keys), requires_grad."""
     signature = _signature(args, kwargs)
     if symbolic is not None:
-        signature = saved_regions.unbatched(signature, symbolic)
-    # and what dynamo's guards check beyond shape and dtype: device, inference tensor or not (its dispatch keys)
+        signature = _unbatched(signature, symbolic)
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     kinds = tuple((str(a.device), a.is_inference(), a.requires_grad) for a in tensors)
     return (tuned, symbolic is not None, signature, kinds)
@@ -191,6 +192,19 @@ def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
         return type(a).__name__
 
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
+
+
+def _unbatched(signature: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
+    """`signature` (_signature) with dim 0 = `batch` of each tensor as -1."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):  # a keyword argument
+            return (x[0], one(x[1]))
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple) and x[0][:1] == (batch,):
+            return ((-1, *x[0][1:]), x[1])
+        return x
+
+    return tuple(one(x) for x in signature)
 
 
 def reset(mode: str | None = None, static_shapes: bool = False) -> None:

@@ -35,7 +35,7 @@ log = logging.getLogger("fishgate.compile")
 NOT_SAVED = object()  # run's answer where the variant takes torch.compile's own path
 
 _lock = threading.RLock()  # one compile at a time: dynamo is not safe to trace from two threads
-_state: dict[str, Any] = {"folder": None, "salt": ""}
+_state: dict[str, Any] = {"folder": None, "salt": "", "write_failed": False}
 _loaded: dict[tuple[Any, ...], Callable[..., Any] | None] = {}  # key → loaded variant, or None: torch.compile's path
 _counts = {"regions_loaded": 0, "regions_saved": 0, "regions_refused": 0}
 # dynamo's dimension marks on a tensor: needed to compile a symbolic variant, refused by a loaded one's guards
@@ -137,7 +137,7 @@ def _load_or_save(
         out.save_compiled_function(str(path))  # written whole or not at all (another engine may read the folder)
     except OSError as e:  # the folder: compiled and used all the same, said once
         _counts["regions_refused"] += 1
-        if not _state.get("write_failed"):
+        if not _state["write_failed"]:
             _state["write_failed"] = True
             log.warning("compiled regions cannot be saved in %s (%s); later starts will trace them again",
                         _state["folder"], e)  # fmt: skip
@@ -207,17 +207,3 @@ def _strip_marks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[to
 def _restore_marks(marks: list[tuple[torch.Tensor, str, Any]]) -> None:
     for tensor, name, value in marks:
         setattr(tensor, name, value)
-
-
-def unbatched(signature: tuple[Any, ...], batch: int) -> tuple[Any, ...]:
-    """A signature (model.compiled_regions._signature) with dim 0 = `batch` of each tensor as -1: one name for every
-    batch a symbolic variant serves."""
-
-    def one(x: Any) -> Any:
-        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):  # a keyword argument
-            return (x[0], one(x[1]))
-        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple) and x[0][:1] == (batch,):
-            return ((-1, *x[0][1:]), x[1])
-        return x
-
-    return tuple(one(x) for x in signature)

@@ -191,16 +191,16 @@ class Backend:
             config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
             # assigned, not defaulted: inductor writes its default into the environment the first time it asks
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
-        if self.compile_max_batch > 0:  # each compiled variant whole, beside inductor's cache: no tracing at restarts
+        if self.compile_max_batch > 0:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
 
+            # each compiled variant saved whole beside inductor's cache: later starts load it without tracing
             saved_regions.save_in(Path(cache_dir()) / SAVED_REGIONS_FOLDER)
-        if self.compile_max_batch > 0:
             log.info(
                 "the decode step of batches up to %d is compiled with torch.compile before its graphs are captured "
                 "(about 3 minutes on a first start with an empty cache in %s, much less from a warm one; "
                 "--compile-max-batch 0 skips it)",
-                self.compile_max_batch, os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"),
+                self.compile_max_batch, cache_dir(),
             )  # fmt: skip
         self.graph_prefill = (
             self.device.type == "cuda" and config.cuda_graphs and not invariant
