@@ -4,6 +4,8 @@ region whose compiler fails falling back to eager. The CUDA versions run in test
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -278,26 +280,29 @@ print(json.dumps(compiled_regions.cache_counts()))
 """
 
 
-def cache_counts_of_starts(
-    script: str, caches: dict[str, str], timeout_s: float, starts: int = 2
-) -> list[dict[str, int]]:
-    """Run `script` (which prints compiled_regions.cache_counts() as JSON last) in `starts` fresh processes from the
-    repo root with the environment's cache folders set to `caches`, as a server and its restarts; their counts."""
+def run_script(script: str, env: dict[str, str], timeout_s: float, argv: tuple[str, ...] = ()) -> Any:
+    """Run `script` with `argv` in a fresh process from the repo root, the environment updated with `env`; the JSON
+    it printed last."""
     import json
     import os
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    counts = []
-    for _ in range(starts):
-        done = subprocess.run(
-            [sys.executable, "-c", script], check=False, env={**os.environ, **caches}, capture_output=True, text=True,
-            timeout=timeout_s, cwd=root,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        counts.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return counts
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv], check=False, env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=timeout_s, cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cache_counts_of_starts(
+    script: str, caches: dict[str, str], timeout_s: float, starts: int = 2
+) -> list[dict[str, int]]:
+    """Run `script` (which prints compiled_regions.cache_counts() as JSON last) in `starts` fresh processes with the
+    environment's cache folders set to `caches`, as a server and its restarts; their counts."""
+    return [run_script(script, caches, timeout_s) for _ in range(starts)]
 
 
 def test_cache_counts_tell_a_compile_from_a_cache_load(tmp_path) -> None:

@@ -1,13 +1,10 @@
 """Saved region variants (model.saved_regions) against torch.compile's path and eager PyTorch, on CPU with inductor:
-a later process decodes the same frames from the loaded files without compiling; a file that does not load and a
-variant whose guards refuse its arguments fall back to compiling."""
+a later process decodes the same frames from the loaded files without compiling; a file that does not load, a
+variant whose guards refuse its arguments and one that cannot be saved fall back to compiling; a changed switch
+names a variant of its own."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from torch import nn
 
 from model import compiled_regions, sampling, saved_regions
 from model.compiled_regions import region
+from tests.model.test_compiled_regions import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DECODE = """
 import json, sys, torch
 from pathlib import Path
-from model import compiled_regions, sampling, saved_regions
+from model import compiled_regions, saved_regions
 from model.stepper import DecodeStepper
 from tests.model.test_compiled_regions import run_stepper
 from tests.model.test_kv_cache import make_model
@@ -47,12 +45,9 @@ print(json.dumps({"frames": frames.tolist(), "counts": compiled_regions.cache_co
 
 def decode(mode: str, folder: Path, cache: Path, device: str = "cpu", hash_seed: int = 0) -> dict:
     """DECODE in a new process, with inductor's caches in `cache` (and its own string hashing: set orders differ)."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
            "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": str(hash_seed)}  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", DECODE, mode, str(folder), device], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_script(DECODE, env, 600, (mode, str(folder), device))
 
 
 def check_later_process_loads_every_variant(tmp_path: Path, device: str, reference: str) -> None:
