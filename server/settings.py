@@ -110,7 +110,8 @@ class Settings:
         "instead of 16-18 ms, and a request arriving during a compiled capture waits for it (once 3.7 s)",
     )})  # fmt: skip
     compile_cache_dir: Path | None = field(default=None, metadata={"flag": Flag(
-        "torch.compile's cache: keep it across restarts",
+        "compiled code (torch.compile's and, unless TRITON_CACHE_DIR is exported, Triton's caches): keep it across "
+        "restarts",
         "engine", shown="$TORCHINDUCTOR_CACHE_DIR, else ~/.cache/fishgate/compile")})  # fmt: skip
     references_dir: Path | None = field(default=None, metadata={"flag": Flag(
         "where stored voices live",

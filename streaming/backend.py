@@ -99,6 +99,8 @@ class Backend:
         self.config = config
         folder = config.checkpoint or default_checkpoint()
         self.device = _pick_device(config.device)
+        if config.compile_cache_dir is not None and self.device.type == "cuda":
+            use_compile_cache(config.compile_cache_dir)  # before the first Triton kernel compiles (the self-checks)
         # before the kernels' self-checks, which then launch as the step will (process-wide, as gemv.MODE)
         launch_overlap.MODE = "auto" if config.programmatic_launch else "off"
         self.programmatic_launch = launch_overlap.enabled(self.device)
@@ -188,9 +190,7 @@ class Backend:
         )
         self._choose_gemv_kernels(config, invariant, dtype)
         if self.compile_max_batch > 0 and config.compile_cache_dir is not None:
-            config.compile_cache_dir.mkdir(parents=True, exist_ok=True)
-            # assigned, not defaulted: inductor writes its default into the environment the first time it asks
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.compile_cache_dir)
+            use_compile_cache(config.compile_cache_dir)
         if self.compile_max_batch > 0:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -619,6 +619,16 @@ class Backend:
     def clamped_codes(self) -> int:
         """Codes the vocoder clamped into range so far (reads a device counter: a sync, call rarely)."""
         return int(self.codec.clamped_codes.item())
+
+
+def use_compile_cache(folder: Path) -> None:
+    """Keep this process's compiled code in `folder`: inductor's caches, the saved regions beside them and, unless
+    TRITON_CACHE_DIR is exported, Triton's cache of every kernel (inductor's and model's own, otherwise under
+    ~/.triton), so that a deployment keeps one folder across restarts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # assigned, not defaulted: inductor writes its default into the environment the first time it asks
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    os.environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
 
 
 def _pick_device(name: str) -> torch.device:

@@ -53,7 +53,8 @@ class BackendConfig:
     # guard checks there: the default voice's step went 26 → 38 ms on 2 cores). H200, full-size model: batch-1 step
     # 6.5 → 3.8 ms, first audio p50 36 → 25 ms; start-up 22 s → ~100 s on an empty compile cache, ~40 s on a warm
     # one. Inductor's caches live in compile_cache_dir (None: TORCHINDUCTOR_CACHE_DIR, else torch's default under
-    # /tmp), so a restart skips code generation.
+    # /tmp), so a restart skips code generation; Triton's cache too, unless TRITON_CACHE_DIR is exported
+    # (backend.use_compile_cache).
     compile_max_batch: int | None = None
     # the one-row bucket's compiled regions with inductor's coordinate-descent tuning (model.compiled_regions
     # TUNED_OPTIONS). Before the GEMV kernels carried the one-row step it took the H200's batch-1 step 3.28 → 2.64 ms;

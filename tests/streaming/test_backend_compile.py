@@ -3,10 +3,12 @@ or, by default (None = auto), on a GPU with CUDA graphs — not on CPU, where it
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from model.layers import Attention, FeedForward
-from streaming.backend import SYMBOLIC_SMALL_BATCHES, Backend, symbolic_batch_above
+from streaming.backend import SYMBOLIC_SMALL_BATCHES, Backend, symbolic_batch_above, use_compile_cache
 from streaming.config import BackendConfig
 
 
@@ -103,3 +105,25 @@ def test_gemv_configs_file_is_read_at_start_up_and_a_bad_one_named(tmp_path) -> 
     finally:
         gemv.CONFIGS.clear()
         gemv.CONFIGS.update(saved)
+
+
+def test_one_compile_cache_folder_holds_inductors_and_tritons_caches(tmp_path, monkeypatch) -> None:
+    """--compile-cache-dir is the one folder a deployment keeps: inductor's caches and, unless TRITON_CACHE_DIR is
+    exported, Triton's (model/'s own kernels would otherwise compile into ~/.triton on every new container)."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    use_compile_cache(tmp_path / "cc")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc") and (tmp_path / "cc").is_dir()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cc" / "triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "exported"))
+    use_compile_cache(tmp_path / "other")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "other")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "exported")  # the operator's choice stays
+
+
+def test_a_compiling_backend_puts_its_caches_in_its_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    Backend(BackendConfig(max_sessions=2, compile_max_batch=1, compile_cache_dir=tmp_path / "cc"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cc" / "triton")
