@@ -99,7 +99,8 @@ class Backend:
         self.config = config
         folder = config.checkpoint or default_checkpoint()
         self.device = _pick_device(config.device)
-        if config.compile_cache_dir is not None and self.device.type == "cuda":
+        compiles = self.device.type == "cuda" or (config.compile_max_batch or 0) > 0  # Triton kernels or inductor
+        if config.compile_cache_dir is not None and compiles:
             use_compile_cache(config.compile_cache_dir)  # before the first Triton kernel compiles (the self-checks)
         # before the kernels' self-checks, which then launch as the step will (process-wide, as gemv.MODE)
         launch_overlap.MODE = "auto" if config.programmatic_launch else "off"
@@ -189,8 +190,6 @@ class Backend:
             (COMPILE_MAX_BATCH_AUTO if graphs else 0) if config.compile_max_batch is None else config.compile_max_batch
         )
         self._choose_gemv_kernels(config, invariant, dtype)
-        if self.compile_max_batch > 0 and config.compile_cache_dir is not None:
-            use_compile_cache(config.compile_cache_dir)
         if self.compile_max_batch > 0:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
 
