@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1  # how often a fault or the end of a drain is looked for
+START_WATCH_INTERVAL_S = 0.01  # how often a starting engine is looked at: gateways hear `ready` this soon after it
 
 
 class EngineService:
@@ -49,7 +50,8 @@ class EngineService:
         self._server = await self.host.start_serving(sock)
         self.engine.start()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self.host.tick_forever()), loop.create_task(self._close_link_on_fault())]
+        self._tasks = [loop.create_task(t) for t in (self.host.tick_forever(), self._announce_start(),
+                                                     self._close_link_on_fault())]  # fmt: skip
 
     def drain(self, grace_s: float) -> None:
         """No new sessions (gateways hear it now, not at the next tick); running utterances get `grace_s` to finish."""
@@ -76,6 +78,13 @@ class EngineService:
             task.cancel()
         self._close_link()
         await asyncio.to_thread(self.engine.stop)
+
+    async def _announce_start(self) -> None:
+        """Gateways hear the start's end (ready, or a fault) at once, not at the next status tick: a restart ends
+        that much sooner."""
+        while self.engine.state is EngineState.STARTING:
+            await asyncio.sleep(START_WATCH_INTERVAL_S)
+        self.host.broadcast_status()
 
     async def _close_link_on_fault(self) -> None:
         while not self.faulted:

@@ -13,6 +13,7 @@ import logging
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -291,6 +292,47 @@ def test_an_engine_service_drains_until_its_sessions_close_then_closes_the_link(
     spoken, done_while_open, state = asyncio.run(main())
     assert spoken.done is not None and len(spoken.pcm) > 0
     assert not done_while_open and state is EngineState.STOPPED
+
+
+def test_gateways_hear_an_engine_service_become_ready_at_once_not_at_the_next_status_tick(
+    socket_path, monkeypatch
+) -> None:
+    """A gateway attached while the engine starts hears `ready` when the start ends: with the status tick an hour
+    away, only the service's own announcement can tell it on the first link (a restart ends that much sooner; without
+    it the gateway would give the silent link up after LINK_SILENCE_S and hear `ready` on a second one)."""
+    import streaming.engine_link.host as host_module
+    from streaming.backend import Backend, BackendConfig
+    from streaming.config import WorkerLimits
+    from streaming.engine import EngineConfig
+
+    monkeypatch.setattr(host_module, "STATUS_INTERVAL_S", 3600.0)
+    loading = threading.Event()
+
+    def gated_backend(config: BackendConfig) -> Backend:
+        assert loading.wait(WAIT_S), "the test never let the engine load"
+        return Backend(config)
+
+    async def main():
+        engine = Engine(EngineConfig(BackendConfig(max_sessions=2), WorkerLimits(), warm_up=False,
+                                     backend_factory=gated_backend))  # fmt: skip
+        service = EngineService(engine)
+        try:
+            await service.start(claim_socket(socket_path))
+            remote = RemoteEngine(f"unix:{socket_path}")
+            remote.start()
+            try:
+                await until(lambda: remote.state is EngineState.STARTING, "the gateway never attached")
+                loading.set()
+                await until(lambda: remote.ready, "the gateway never heard the engine become ready")
+                return remote.info is not None, remote.reconnects
+            finally:
+                remote.stop()
+        finally:
+            loading.set()
+            await service.close()
+
+    has_info, reconnects = asyncio.run(main())
+    assert has_info and reconnects == 0
 
 
 @contextlib.asynccontextmanager
