@@ -237,6 +237,16 @@ def test_a_killed_engine_child_is_restarted_while_gateways_say_engine_unavailabl
     assert answer.status_code == 200 and answer.content[:4] == b"RIFF"
 
 
+async def readyz(http: httpx.AsyncClient) -> httpx.Response | None:
+    """/readyz, or None where the gateway that held the kept-alive connection closed it unanswered: a gateway with no
+    session open ends its drain at once, and a request it had not read yet is lost as on any HTTP server that exits
+    (the next one goes to a gateway still listening)."""
+    try:
+        return await http.get("/readyz")
+    except (httpx.RemoteProtocolError, httpx.ReadError):  # closed, or reset
+        return None
+
+
 def test_sigterm_drains_then_everything_exits_0(workers) -> None:
     children = list(children_of(workers.proc.pid))
     address = re.search(r"listening on unix:(\S+)", workers.log())
@@ -248,7 +258,7 @@ def test_sigterm_drains_then_everything_exits_0(workers) -> None:
             result = await speak(client, seed=3)
             workers.proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
-            while (ready := await http.get("/readyz")).status_code == 200:
+            while (ready := await readyz(http)) is None or ready.status_code == 200:
                 assert time.monotonic() - signalled < 5, "readiness never went false"
                 await asyncio.sleep(0.02)
             await client.send({"event": "stop"})
