@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streaming.engine import Engine
+from streaming.backend import Backend
+from streaming.config import BackendConfig, WorkerLimits
+from streaming.engine import Engine, EngineConfig
 from streaming.engine_api import EngineState
 from streaming.engine_link.address import TcpAddress
 from streaming.engine_link.client import RemoteEngine
@@ -300,12 +302,7 @@ def test_gateways_hear_an_engine_service_become_ready_at_once_not_at_the_next_st
     """A gateway attached while the engine starts hears `ready` when the start ends: with the status tick an hour
     away, only the service's own announcement can tell it on the first link (a restart ends that much sooner; without
     it the gateway would give the silent link up after LINK_SILENCE_S and hear `ready` on a second one)."""
-    import streaming.engine_link.host as host_module
-    from streaming.backend import Backend, BackendConfig
-    from streaming.config import WorkerLimits
-    from streaming.engine import EngineConfig
-
-    monkeypatch.setattr(host_module, "STATUS_INTERVAL_S", 3600.0)
+    monkeypatch.setattr("streaming.engine_link.host.STATUS_INTERVAL_S", 3600.0)
     loading = threading.Event()
 
     def gated_backend(config: BackendConfig) -> Backend:
