@@ -26,7 +26,7 @@ def run_stepper(stepper: DecodeStepper, n_rows: int, n_steps: int) -> torch.Tens
         prompt = random_sequence(stepper.model, 9 + 6 * row, seed=row)
         logits, hidden = stepper.prefill(row, prompt, 0)
         firsts.append(stepper.start_segment(row, logits, hidden, prompt.shape[1]))
-    frames = [torch.stack(firsts)]
+    frames = [torch.stack(firsts).cpu()]  # first frames stay on the device; step's frames come back to the host
     for _ in range(n_steps):
         stepper.commit[:n_rows] = True
         frames.append(stepper.step(n_rows, int(stepper.pos[:n_rows].max())))
