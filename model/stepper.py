@@ -198,8 +198,14 @@ class DecodeStepper:
         most = self.first_frame_buckets[-1]
         dtype = model.embeddings.weight.dtype
         self._ff_rows, self._ff_positions = zeros(most), zeros(most)  # static inputs and output of those graphs
-        self._ff_logits = zeros(most, c.vocab_size, dtype=dtype)  # ≤ 16 rows: 3.3 MB for the official vocab in bf16
-        self._ff_hidden = zeros(most, c.fast_dim, dtype=dtype)
+        # inference tensors, as the sampler's inputs are everywhere else (prefill's and the decode step's outputs): a
+        # plain tensor here gave the fast stack's layer 0 at codebook 0 a compiled variant of its own, so the variant
+        # every later call shares was first traced at layer 1, whose k/v views start past offset 1. With a symbolic
+        # batch dynamo guards such an offset as >= 2 (0 and 1 specialise, unguarded), and the variant refused layer 0
+        # at codebook 1 (model.saved_regions: one refusal and one torch.compile at every engine start)
+        with torch.inference_mode():
+            self._ff_logits = zeros(most, c.vocab_size, dtype=dtype)  # ≤ 16 rows: 3.3 MB for the official vocab, bf16
+            self._ff_hidden = zeros(most, c.fast_dim, dtype=dtype)
         self._ff_out = zeros(most, width)
         self.static_prefill = (
             StaticPrefill(

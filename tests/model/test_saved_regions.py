@@ -14,7 +14,9 @@ from torch import nn
 
 from model import compiled_regions, sampling, saved_regions
 from model.compiled_regions import region
-from tests.model.test_compiled_regions import run_script
+from model.stepper import DecodeStepper
+from tests.model.test_compiled_regions import SAMPLINGS, run_script
+from tests.model.test_kv_cache import make_model, random_sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,6 +77,32 @@ def test_a_later_process_loads_every_variant_and_decodes_the_same_frames(tmp_pat
 def test_on_a_gpu_later_processes_decode_torch_compiles_frames_from_saved_variants(tmp_path: Path) -> None:
     """The same on CUDA, in CUDA graphs with the GEMV kernels (one row): the frames of torch.compile's path."""
     check_later_process_loads_every_variant(tmp_path, "cuda", reference="compiled")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_first_frames_of_a_symbolic_batch_load_every_variant(regions: Regions) -> None:
+    """The engine's first frames (static buffers, CUDA graphs' shapes) of two rows, a symbolic batch, on a model with
+    two fast layers: every variant saved and loaded, none refused. A symbolic variant traced where a view's storage
+    offset is 2 or more guards it as such (0 and 1 specialise): the fast block's, first traced at layer 1 (a layer of
+    the fast cache in), refused layer 0 (offset 0) at the next codebook, at every start."""
+    model = make_model("tied_qkv_bias_mha")  # two fast layers
+    rows = [0, 1]
+    prompts = [random_sequence(model, 9 + 6 * row, seed=row) for row in rows]
+    frames = []
+    for start in ("eager", "first", "later"):
+        stepper = DecodeStepper(model, 4, max_batch=3, max_seq_len=64, length_buckets=[64], first_frame_scratch_row=2,
+                                compile_backend=None if start == "eager" else "inductor", symbolic_batch_above=1)  # fmt: skip
+        for row in rows:
+            stepper.set_sampling(row, SAMPLINGS[row])
+        logits, hidden = stepper.prefill_many(rows, prompts, [0] * len(rows))
+        frames.append(stepper.start_segments(rows, logits, hidden, [p.shape[1] for p in prompts]))
+        if start != "eager":
+            done = "regions_saved" if start == "first" else "regions_loaded"
+            counts = saved_regions.counts()
+            assert counts["regions_refused"] == 0 and counts[done] >= 4, (start, counts)
+            regions.restart()
+    assert compiled_regions.failed_regions() == []
+    assert torch.equal(frames[1], frames[0]) and torch.equal(frames[2], frames[0])
 
 
 class Scale(nn.Module):
