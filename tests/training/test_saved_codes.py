@@ -10,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model.codec_config import CodecConfig
+from model.config import DualARConfig
 from model.text_normalize import words_for_scoring
 from training.corpus import load_phrase_keys
 from training.dual_ar_data import CodesPack
+from training.wer_gate import read_heldout
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = sorted((ROOT / "training" / "data" / "codes").glob("*.npz"))
@@ -24,24 +27,22 @@ def test_the_kept_codes_are_there() -> None:
 
 @pytest.mark.parametrize("path", PARTS, ids=[p.name for p in PARTS])
 def test_a_kept_part_is_training_items_coded_for_the_shipped_codec(path: Path) -> None:
-    config = json.loads((ROOT / "model" / "default_model" / "config.json").read_text())
-    codec = json.loads((ROOT / "model" / "default_model" / "codec_config.json").read_text())
+    shipped = ROOT / "model" / "default_model"
+    config = DualARConfig.from_json(shipped / "config.json")
+    codec = CodecConfig.from_dict(json.loads((shipped / "codec_config.json").read_text()))
     pack = CodesPack.load(path)
     assert len(pack.ids) == len(set(pack.ids)) == len(pack.texts) == len(pack.codes) > 0
     assert set(pack.splits) == {"train"}
-    assert pack.sample_rate_hz == codec["spec_transform"]["sample_rate"]
-    assert pack.samples_per_frame == codec["spec_transform"]["hop_length"] * int(
-        np.prod(codec["quantizer"]["downsample_factor"])
-    )
+    assert pack.sample_rate_hz == codec.sample_rate and pack.samples_per_frame == codec.samples_per_frame
     for codes, text in zip(pack.codes, pack.texts, strict=True):
-        assert codes.dtype == np.int16 and codes.shape[0] == config["num_codebooks"]
-        assert codes.min() >= 0 and codes.max() < config["codebook_size"]
+        assert codes.dtype == np.int16 and codes.shape[0] == config.num_codebooks
+        assert codes.min() >= 0 and codes.max() < config.codebook_size
         # 21.5 frames a second: 2-40 frames a word (the pack: 3.8-28, median 6.4), no empty or runaway utterance
         assert 2 <= codes.shape[1] / len(words_for_scoring(text)) <= 40, text
-    heldout = [json.loads(line) for line in (ROOT / "training" / "data" / "heldout.jsonl").read_text().splitlines()]
-    assert not set(pack.ids) & {row["id"] for row in heldout}
+    heldout = read_heldout()
+    assert not set(pack.ids) & {item.id for item in heldout}
     said = {" ".join(words_for_scoring(t)) for t in pack.texts}
-    assert not said & {" ".join(words_for_scoring(row["norm"])) for row in heldout}
+    assert not said & {" ".join(words_for_scoring(item.norm)) for item in heldout}
     assert not said & load_phrase_keys()
 
 
